@@ -1,0 +1,54 @@
+"""The attention backend seam: what the model runner builds once a step, and what every
+attention layer calls.
+
+The device never sees a request, only token positions and block tables:
+
+    query tokens  [T]          the step's tokens, requests back to back (prefill chunks and
+                               single decode tokens mixed, in any order)
+    query_start_loc [B+1]      request b owns query tokens [qsl[b], qsl[b+1])
+    seq_lens      [B]          tokens with K/V once this step is written (context + query)
+    slot_mapping  [T]          flat cache slot (block_id * block_size + offset) of each token
+    block_tables  [B, max_blocks]  physical block ids, in order
+
+KV cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    num_tokens: int
+    query_start_loc: torch.Tensor  # [B+1] int64, on the device
+    seq_lens: torch.Tensor  # [B] int64
+    slot_mapping: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [B, max_blocks] int64
+    # Host copies, for backends that plan on the CPU.
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+    block_size: int
+    backend_data: object = None  # whatever the backend precomputed in build()
+
+
+class AttentionBackend:
+    """Subclasses fill in `build` (once a step) and `forward` (once a layer)."""
+
+    name = "base"
+
+    def build(self, meta: AttentionMetadata) -> AttentionMetadata:
+        return meta
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        raise NotImplementedError

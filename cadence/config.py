@@ -1,0 +1,103 @@
+"""The engine's configuration: one tree of frozen-ish dataclasses, validated in one place.
+
+EngineConfig
+  model:     ModelConfig      what to load and in which dtype
+  cache:     CacheConfig      block size, pool size, prefix caching
+  scheduler: SchedulerConfig  token budget, sequence cap, context length
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = None  # a checkpoint folder or a .gguf file; None: SmolLM2
+    tokenizer: str | None = None  # defaults to the model's
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    load_format: str = "auto"  # auto | dummy
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's own limit
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory: int | None = None  # bytes for the KV pool (CPU); None: a default
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    enable_prefix_caching: bool = True
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048  # tokens per step
+    max_num_seqs: int = 256
+    max_model_len: int = 2048  # filled in from the model at start-up
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    device: str = "auto"  # auto | cpu | cuda
+    attention_backend: str = "auto"  # auto | torch
+    check_kv_integrity: bool = False  # after every step (tests)
+
+    def validate(self) -> None:
+        c, s = self.cache, self.scheduler
+        if c.block_size < 1:
+            raise ValueError(f"block_size must be positive, got {c.block_size}")
+        if s.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be positive, got {s.max_num_batched_tokens}"
+            )
+        if s.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be positive, got {s.max_num_seqs}")
+        if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 1:
+            raise ValueError("num_gpu_blocks_override must be positive")
+        if not 0.0 < c.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.model.dtype not in (
+            "auto",
+            "float32",
+            "bfloat16",
+            "float16",
+            "half",
+            "float",
+            "bf16",
+            "fp16",
+            "fp32",
+        ):
+            raise ValueError(f"unknown dtype {self.model.dtype!r}")
+        if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
+            raise ValueError(f"unknown load_format {self.model.load_format!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """Build from flat keyword arguments (as `LLM(...)` and the CLI take them)."""
+        parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        sub: dict[str, dict] = {k: {} for k in parts}
+        top: dict = {}
+        top_names = {f.name for f in dataclasses.fields(cls)} - set(parts)
+        for key, value in kwargs.items():
+            if key == "max_model_len":
+                sub["model"][key] = value
+                continue
+            for part, klass in parts.items():
+                if key in {f.name for f in dataclasses.fields(klass)}:
+                    sub[part][key] = value
+                    break
+            else:
+                if key in top_names:
+                    top[key] = value
+                else:
+                    raise TypeError(f"unknown engine argument {key!r}")
+        cfg = cls(**{k: parts[k](**v) for k, v in sub.items()}, **top)
+        cfg.validate()
+        return cfg

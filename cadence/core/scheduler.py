@@ -1,0 +1,319 @@
+"""The scheduling policy: who runs this step, and how many tokens each.
+
+No phases: each step hands out a token budget (`max_num_batched_tokens`).
+
+  1. Running requests first, in order; each wants num_tokens - num_computed_tokens
+     (1 when decoding, a chunk while its prompt is still being prefilled).
+  2. Then waiting requests, FCFS, while budget and `max_num_seqs` last; a prompt longer than
+     what is left gets a chunk now, the rest later (chunked prefill).
+  3. A running request that cannot get a block preempts a victim (lowest priority, then
+     latest arrival, among those not yet scheduled this step): its blocks are freed, its
+     computed tokens reset to 0, and it goes to the front of the waiting queue (recompute).
+
+`schedule()` returns a SchedulerOutput of deltas for the worker; `update()` takes the tokens
+the worker sampled, appends them, checks stop conditions and frees finished requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cadence.config import SchedulerConfig
+from cadence.core.kv_cache import KVCacheManager
+from cadence.core.request import Request, RequestStatus
+from cadence.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class NewRequestData:
+    """A request the worker has not seen: everything it needs, once."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    """A request the worker already holds: only what changed."""
+
+    request_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+    resumed: bool  # back from preemption: new_block_ids replace the old ones
+
+
+@dataclass
+class SchedulerOutput:
+    new_requests: list[NewRequestData] = field(default_factory=list)
+    cached_requests: list[CachedRequestData] = field(default_factory=list)
+    # request id -> tokens to run this step, in batch order (new and cached interleaved)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)  # since the last step
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class SampledTokens:
+    """What the worker returns for one step: a token per request that reached its end."""
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    # request id -> (sampled token's logprob, [(token id, logprob)] of the top N)
+    logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
+
+
+@dataclass
+class RequestUpdate:
+    """One request's news after a step, for the outputs."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class SchedulerStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_preemptions: int = 0  # since start
+    prefix_queries: int = 0  # tokens, since start
+    prefix_hits: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self._finished_ids: list[str] = []  # to tell the worker next step
+        self._seen_by_worker: set[str] = set()
+
+    # ---- queue management -------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(
+        self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> list[Request]:
+        """End requests from outside: an abort, or a stop string the output processor saw."""
+        aborted = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished:
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            self._finish(req, status)
+            aborted.append(req)
+        return aborted
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(finished_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+        new_blocks: dict[str, list[int]] = {}
+        preempted: list[Request] = []
+
+        # 1. Running requests, in order.
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                blocks = self.kv.allocate_slots(req, num_new)
+                if blocks is not None:
+                    break
+                victim = self._pick_victim(i)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if blocks is None:  # req itself was preempted; running[i] is now the next one
+                continue
+            new_blocks[req.request_id] = [b.block_id for b in blocks]
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, FCFS. None if this step had to preempt: memory is short.
+        while self.waiting and budget > 0 and not preempted:
+            if len(self.running) >= self.config.max_num_seqs:
+                break
+            req = self.waiting[0]
+            hits, num_hit_tokens = [], 0
+            if req.num_computed_tokens == 0:
+                hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+            num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
+            blocks = self.kv.allocate_slots(req, num_new, hits)
+            if blocks is None:
+                break  # FCFS: nobody jumps the queue for lack of memory
+            self.waiting.popleft()
+            if req.status == RequestStatus.WAITING:
+                req.num_cached_prompt_tokens = num_hit_tokens
+            self.kv.stats.queries += req.num_tokens
+            self.kv.stats.hits += num_hit_tokens
+            req.num_computed_tokens += num_hit_tokens
+            was_preempted = req.status == RequestStatus.PREEMPTED
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+            if req.request_id in self._seen_by_worker:
+                out.cached_requests.append(
+                    CachedRequestData(
+                        req.request_id,
+                        self.kv.get_block_ids(req.request_id),
+                        req.num_computed_tokens,
+                        resumed=was_preempted,
+                    )
+                )
+            else:
+                self._seen_by_worker.add(req.request_id)
+                out.new_requests.append(
+                    NewRequestData(
+                        req.request_id,
+                        req.prompt_token_ids,
+                        list(req.output_token_ids),
+                        req.sampling_params,
+                        self.kv.get_block_ids(req.request_id),
+                        req.num_computed_tokens,
+                    )
+                )
+
+        for rid, ids in new_blocks.items():
+            out.cached_requests.append(
+                CachedRequestData(rid, ids, self.requests[rid].num_computed_tokens, resumed=False)
+            )
+        out.preempted_ids = [r.request_id for r in preempted if r.status == RequestStatus.PREEMPTED]
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
+        assert len(self.running) <= self.config.max_num_seqs
+        return out
+
+    def _pick_victim(self, first: int) -> Request:
+        """Lowest priority (largest value), then latest arrival, among running[first:]."""
+        return max(self.running[first:], key=lambda r: (r.priority, r.arrival_time))
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        recompute = req.num_computed_tokens
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+        logger.info(
+            "preempted %s (out of KV blocks): %d tokens will be recomputed",
+            req.request_id,
+            recompute,
+        )
+
+    def update(self, sched: SchedulerOutput, result: SampledTokens) -> list[RequestUpdate]:
+        """Advance computed counts, append sampled tokens, finish what must finish."""
+        updates: list[RequestUpdate] = []
+        for rid, num in sched.num_scheduled_tokens.items():
+            req = self.requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue  # aborted between schedule and update
+            req.num_computed_tokens += num
+            token = result.sampled.get(rid)
+            if token is None:
+                continue  # a prefill chunk that did not reach the prompt's end
+            req.append_output_token(token)
+            lp = result.logprobs.get(rid)
+            status = self._check_stop(req, token)
+            if status is not None:
+                self.running.remove(req)
+                self._finish(req, status)
+            updates.append(
+                RequestUpdate(
+                    rid,
+                    [token],
+                    [lp] if lp is not None else None,
+                    finished=status is not None,
+                    finish_reason=None if status is None else _reason(status),
+                    stop_reason=req.stop_reason,
+                    num_cached_tokens=req.num_cached_prompt_tokens,
+                )
+            )
+        return updates
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        params = req.sampling_params
+        n_out = req.num_output_tokens
+        if n_out >= params.min_tokens:
+            if (
+                not params.ignore_eos and token in req.eos_token_ids
+            ) or token in params.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and n_out >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if req.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._seen_by_worker.discard(req.request_id)
+        self._finished_ids.append(req.request_id)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_usage=self.kv.usage,
+            num_preemptions=self.num_preemptions,
+            prefix_queries=self.kv.stats.queries,
+            prefix_hits=self.kv.stats.hits,
+        )
+
+
+def _reason(status: RequestStatus) -> str:
+    return {
+        RequestStatus.FINISHED_STOPPED: "stop",
+        RequestStatus.FINISHED_LENGTH: "length",
+        RequestStatus.FINISHED_ABORTED: "abort",
+    }[status]

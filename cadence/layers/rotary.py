@@ -1,0 +1,53 @@
+"""Rotary position embedding (rotate-half layout, as Hugging Face checkpoints store Q/K).
+
+The cos/sin table is computed once for every position up to the model's limit, with the same
+float32 ops transformers uses, then indexed by each token's position.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = getattr(config, "rope_parameters", None) or {}
+    scaling = getattr(config, "rope_scaling", None) or {}
+    rope_type = (
+        params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    )
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        return inv, 1.0
+    if rope_type == "dynamic":
+        raise ValueError("dynamic NTK rope scaling depends on the sequence length; not supported")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope type {rope_type!r}")
+    return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config, head_dim: int, max_position: int) -> None:
+        super().__init__()
+        inv_freq, scale = _inv_freq(config, head_dim)
+        pos = torch.arange(max_position, dtype=torch.float32)
+        freqs = pos[:, None] * inv_freq.float()[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos() * scale, persistent=False)
+        self.register_buffer("sin", emb.sin() * scale, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]."""
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

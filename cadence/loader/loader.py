@@ -1,0 +1,127 @@
+"""From a model name to a model with weights on the device.
+
+resolve_model_path   None -> the default SmolLM2 GGUF; a .gguf file -> its converted folder
+load_model           config -> our class -> weights (safetensors, sharded or not, or dummy)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from cadence.attention.base import AttentionBackend
+from cadence.loader.gguf import convert_gguf, default_model_path
+from cadence.models.registry import resolve_model_class
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model_path(model: str | None) -> str:
+    path = model or default_model_path()
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"model {path!r} does not exist (give a checkpoint folder with config.json, "
+            "or a .gguf file; nothing is downloaded)"
+        )
+    if os.path.isfile(path):
+        if path.endswith(".gguf"):
+            return convert_gguf(path)
+        raise ValueError(f"model {path!r} is a file but not a .gguf file")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        ggufs = sorted(Path(path).glob("*.gguf"))
+        if ggufs:
+            return convert_gguf(str(ggufs[0]))
+        raise FileNotFoundError(f"no config.json in {path!r}")
+    return path
+
+
+def load_hf_config(path: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"cannot read the model config in {path!r}: {e}") from e
+
+
+def resolve_dtype(dtype: str, config, device: torch.device) -> torch.dtype:
+    aliases = {
+        "float32": torch.float32,
+        "float": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype != "auto":
+        return aliases[dtype]
+    cfg_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(cfg_dtype, str):
+        cfg_dtype = aliases.get(cfg_dtype, torch.float32)
+    if cfg_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        cfg_dtype = torch.float32
+    if device.type == "cpu" and cfg_dtype == torch.float16:
+        return torch.bfloat16  # fp16 matmuls are slow or missing on CPUs
+    return cfg_dtype
+
+
+def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {path!r}")
+    for f in files:
+        with safe_open(str(f), framework="pt") as sf:
+            for name in sf.keys():
+                yield name, sf.get_tensor(name)
+
+
+def load_model(
+    path: str,
+    config,
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: AttentionBackend,
+    max_position: int,
+    load_format: str = "auto",
+    seed: int = 0,
+) -> nn.Module:
+    cls = resolve_model_class(config)
+    t0 = time.perf_counter()
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(config, backend, max_position)
+    finally:
+        torch.set_default_dtype(prev)
+    # rotary tables stay float32; they are cast per use
+    model.rotary.cos = model.rotary.cos.float()
+    model.rotary.sin = model.rotary.sin.float()
+    if load_format == "dummy":
+        gen = torch.Generator(device=device).manual_seed(seed)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.data.fill_(1.0)
+            else:
+                p.data.uniform_(-0.02, 0.02, generator=gen)
+    else:
+        model.load_weights((n, t.to(dtype)) for n, t in iter_safetensors(path))
+    model.eval()
+    logger.info(
+        "loaded %s (%s, %.2f GiB of weights) in %.1f s",
+        cls.__name__,
+        str(dtype).removeprefix("torch."),
+        sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+        time.perf_counter() - t0,
+    )
+    return model

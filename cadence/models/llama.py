@@ -1,0 +1,215 @@
+"""The Llama family (Llama 2/3, SmolLM, Mistral-style configs), and the base that Qwen2 and
+Qwen3 specialise: a decoder of pre-norm blocks with fused QKV and gate-up projections.
+
+Differences between the families are constructor switches, not branches in forward:
+    qkv_bias      Qwen2 (q/k/v projections carry a bias)
+    qk_norm       Qwen3 (an RMSNorm over each head of q and k, before rotary)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from cadence.attention.base import AttentionBackend, AttentionMetadata
+from cadence.layers.activation import SiluAndMul
+from cadence.layers.norm import RMSNorm
+from cadence.layers.rotary import RotaryEmbedding
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        config,
+        backend: AttentionBackend,
+        rotary: RotaryEmbedding,
+        qkv_bias: bool,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        bias = qkv_bias or bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = nn.Linear(
+            self.q_size,
+            config.hidden_size,
+            bias=bool(getattr(config, "attention_bias", False)) and not qkv_bias,
+        )
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary = rotary
+        self.backend = backend
+        self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config) -> None:
+        super().__init__()
+        if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(f"unsupported activation {config.hidden_act!r}")
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, backend, rotary, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, backend, rotary, qkv_bias, qk_norm)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, x, residual, meta):
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, config, backend: AttentionBackend, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        sliding = getattr(config, "sliding_window", None)
+        if (
+            sliding is not None
+            and getattr(config, "use_sliding_window", True)
+            and sliding < max_position
+        ):
+            raise ValueError(
+                f"sliding-window attention (window {sliding}) is not supported; "
+                f"run with max_model_len <= {sliding}"
+            )
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        rotary = RotaryEmbedding(config, head_dim, max_position)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, backend, rotary, self.qkv_bias, self.qk_norm)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = (
+            None
+            if self.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
+        self.rotary = rotary
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn for layer in self.layers]
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] for the step's tokens."""
+        x = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return hidden @ weight.t()
+
+    # ---- weights ----------------------------------------------------------------------
+
+    # checkpoint name piece -> (our parameter name piece, shard index in the fused weight)
+    _fused = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding serves
+            for piece, (fused, shard) in self._fused.items():
+                if f".{piece}." in name:
+                    target = name.replace(piece, fused)
+                    if target not in params:
+                        raise ValueError(f"unexpected weight {name!r}")
+                    self._load_shard(params[target], tensor, fused, shard)
+                    loaded.add(f"{target}#{shard}")
+                    break
+            else:
+                if name not in params:
+                    raise ValueError(f"unexpected weight {name!r} in the checkpoint")
+                param = params[name]
+                if param.shape != tensor.shape:
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(tensor.shape)} != model's {tuple(param.shape)}"
+                    )
+                param.data.copy_(tensor)
+                loaded.add(name)
+        missing = []
+        for name in params:
+            if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+                need = [f"{name}#{i}" for i in range(3)]
+            elif name.endswith(("gate_up_proj.weight", "gate_up_proj.bias")):
+                need = [f"{name}#{i}" for i in range(2)]
+            else:
+                need = [name]
+            missing += [n for n in need if n not in loaded]
+        if missing:
+            raise ValueError(
+                f"checkpoint lacks weights: {missing[:5]}{' …' if len(missing) > 5 else ''}"
+            )
+
+    def _load_shard(
+        self, param: nn.Parameter, tensor: torch.Tensor, fused: str, shard: int
+    ) -> None:
+        attn = self.layers[0].self_attn
+        if fused == "qkv_proj":
+            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
+        else:
+            sizes = [param.shape[0] // 2] * 2
+        start = sum(sizes[:shard])
+        if tensor.shape[0] != sizes[shard] or tensor.shape[1:] != param.shape[1:]:
+            raise ValueError(f"{fused} shard {shard}: bad shape {tuple(tensor.shape)}")
+        param.data[start : start + sizes[shard]].copy_(tensor)

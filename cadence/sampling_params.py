@@ -1,0 +1,99 @@
+"""Per-request sampling parameters, validated once at the door.
+
+Every check lives in `SamplingParams.verify()`; the engine calls it before a request enters
+the queue, so a bad value is a clear `ValueError` for that request alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Past this, a temperature is treated as greedy (a division by ~0 would give inf logits).
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to the context length
+    min_tokens: int = 0
+    stop: list[str] | str | None = None  # stop strings: applied by the output processor
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and top k
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k is None or self.top_k < 0:
+            self.top_k = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def verify(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError naming the first bad field."""
+
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+
+        if not isinstance(self.n, int) or self.n < 1 or self.n > 128:
+            bad("n", "must be an integer in [1, 128]")
+        if not 0.0 <= self.temperature <= 100.0:
+            bad("temperature", "must be in [0, 100]")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", "must be in (0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad("min_p", "must be in [0, 1]")
+        if not isinstance(self.top_k, int):
+            bad("top_k", "must be an integer")
+        if vocab_size is not None and self.top_k > vocab_size:
+            bad("top_k", f"must be at most the vocabulary size {vocab_size}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            bad("presence_penalty", "must be in [-2, 2]")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            bad("frequency_penalty", "must be in [-2, 2]")
+        if not 0.0 < self.repetition_penalty <= 10.0:
+            bad("repetition_penalty", "must be in (0, 10]")
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            bad("max_tokens", "must be a positive integer")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad("min_tokens", "must be a non-negative integer")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            bad("logprobs", "must be in [0, 20]")
+        if self.seed is not None and not isinstance(self.seed, int):
+            bad("seed", "must be an integer")
+        for tid in self.stop_token_ids:
+            if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+                raise ValueError(f"stop_token_ids holds {tid}, outside the vocabulary")
+        for tid, bias in (self.logit_bias or {}).items():
+            if int(tid) < 0 or (vocab_size is not None and int(tid) >= vocab_size):
+                raise ValueError(f"logit_bias names token {tid}, outside the vocabulary")
+            if not -100.0 <= float(bias) <= 100.0:
+                raise ValueError(f"logit_bias for token {tid} must be in [-100, 100], got {bias}")
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )

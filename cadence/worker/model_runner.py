@@ -1,0 +1,307 @@
+"""The model runner: owns the model, the KV memory and each request's device-side view.
+
+It receives the scheduler's deltas (new requests in full, cached ones as new block ids and
+computed counts), keeps its own copy of every running request's tokens and blocks, builds
+one flat batch of tokens per step, runs the forward pass, and samples a token for each
+request whose scheduled tokens reach the end of what it knows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from cadence.attention.base import AttentionMetadata
+from cadence.attention.torch_ref import TorchAttentionBackend
+from cadence.config import EngineConfig
+from cadence.core.scheduler import SampledTokens, SchedulerOutput
+from cadence.layers.sampler import Sampler, SamplingBatch
+from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
+from cadence.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_BYTES = 2 * 2**30
+
+
+@dataclass
+class _RequestState:
+    token_ids: list[int]  # prompt + output, including the token sampled last
+    num_prompt_tokens: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
+    """End-of-sequence ids from config.json and, where present, generation_config.json."""
+    ids: list[int] = []
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    try:
+        from transformers import GenerationConfig
+
+        sources.append(GenerationConfig.from_pretrained(path).eos_token_id)
+    except (OSError, ValueError):
+        pass
+    for src in sources:
+        for tid in [src] if isinstance(src, int) else (src or []):
+            if tid not in ids:
+                ids.append(int(tid))
+    return tuple(ids)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc = config.model
+        self.device = pick_device(config.device)
+        torch.manual_seed(mc.seed)
+        self.model_path = resolve_model_path(mc.model)
+        self.hf_config = load_hf_config(self.model_path)
+        self.dtype = resolve_dtype(mc.dtype, self.hf_config, self.device)
+        model_max = int(getattr(self.hf_config, "max_position_embeddings", 2048))
+        if mc.max_model_len is not None and mc.max_model_len > model_max:
+            raise ValueError(
+                f"max_model_len {mc.max_model_len} exceeds the model's limit {model_max}"
+            )
+        self.max_model_len = mc.max_model_len or model_max
+        if config.attention_backend not in ("auto", "torch"):
+            raise ValueError(f"unknown attention backend {config.attention_backend!r}")
+        self.backend = TorchAttentionBackend()
+        self.model = load_model(
+            self.model_path,
+            self.hf_config,
+            self.dtype,
+            self.device,
+            self.backend,
+            self.max_model_len,
+            mc.load_format,
+            mc.seed,
+        )
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.eos_token_ids = eos_token_ids(self.model_path, self.hf_config)
+        self.block_size = config.cache.block_size
+        self.num_blocks = self._num_kv_blocks()
+        self._allocate_kv_cache()
+        self.sampler = Sampler()
+        self.requests: dict[str, _RequestState] = {}
+
+    # ---- memory -----------------------------------------------------------------------
+
+    def _kv_bytes_per_block(self) -> int:
+        attn = self.model.attention_layers()[0]
+        elem = torch.finfo(self.dtype).bits // 8
+        return (
+            2
+            * len(self.model.attention_layers())
+            * self.block_size
+            * attn.num_kv_heads
+            * attn.head_dim
+            * elem
+        )
+
+    def _num_kv_blocks(self) -> int:
+        cc = self.config.cache
+        if cc.num_gpu_blocks_override is not None:
+            return cc.num_gpu_blocks_override
+        per_block = self._kv_bytes_per_block()
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - (1 - cc.gpu_memory_utilization) * total
+        else:
+            budget = cc.kv_cache_memory or DEFAULT_CPU_KV_BYTES
+        n = int(budget // per_block)
+        if n < 1:
+            raise ValueError(
+                f"no room for KV blocks: {budget / 2**30:.2f} GiB left, {per_block} bytes a block"
+            )
+        return n
+
+    def _allocate_kv_cache(self) -> None:
+        attn = self.model.attention_layers()[0]
+        shape = (2, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
+        self.kv_caches = []
+        for layer in self.model.attention_layers():
+            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            layer.kv_cache = cache
+            self.kv_caches.append(cache)
+        logger.info(
+            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB",
+            self.num_blocks,
+            self.block_size,
+            self.num_blocks * self.block_size,
+            self.num_blocks * self._kv_bytes_per_block() / 2**30,
+        )
+
+    # ---- one step ---------------------------------------------------------------------
+
+    def _apply_deltas(self, sched: SchedulerOutput) -> None:
+        for rid in sched.finished_ids:
+            self.requests.pop(rid, None)
+        for new in sched.new_requests:
+            params = new.sampling_params
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator(device=self.device).manual_seed(params.seed)
+            self.requests[new.request_id] = _RequestState(
+                new.prompt_token_ids + new.output_token_ids,
+                len(new.prompt_token_ids),
+                params,
+                gen,
+                list(new.block_ids),
+                new.num_computed_tokens,
+            )
+        for cached in sched.cached_requests:
+            st = self.requests[cached.request_id]
+            if cached.resumed:
+                st.block_ids = list(cached.new_block_ids)
+            else:
+                st.block_ids.extend(cached.new_block_ids)
+            st.num_computed_tokens = cached.num_computed_tokens
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> SampledTokens:
+        self._apply_deltas(sched)
+        if sched.is_empty:
+            return SampledTokens()
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_ids: list[str] = []
+        sample_rows: list[int] = []  # index of each sampling request's last query token
+        bs = self.block_size
+        for rid, n in sched.num_scheduled_tokens.items():
+            st = self.requests[rid]
+            start = st.num_computed_tokens
+            end = start + n
+            input_ids.extend(st.token_ids[start:end])
+            positions.extend(range(start, end))
+            blocks = st.block_ids
+            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            query_lens.append(n)
+            seq_lens.append(end)
+            tables.append(blocks)
+            if end == len(st.token_ids):
+                sample_ids.append(rid)
+                sample_rows.append(len(input_ids) - 1)
+
+        dev = self.device
+        width = max(len(t) for t in tables)
+        table_t = torch.zeros((len(tables), width), dtype=torch.int64)
+        for i, t in enumerate(tables):
+            table_t[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        qsl = [0]
+        for q in query_lens:
+            qsl.append(qsl[-1] + q)
+        meta = AttentionMetadata(
+            num_tokens=len(input_ids),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=table_t.to(dev),
+            query_lens_cpu=query_lens,
+            seq_lens_cpu=seq_lens,
+            block_size=bs,
+        )
+        meta = self.backend.build(meta)
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            meta,
+        )
+        if not sample_ids:
+            return SampledTokens()
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        return self._sample(sample_ids, logits)
+
+    def _sample(self, rids: list[str], logits: torch.Tensor) -> SampledTokens:
+        batch = self._sampling_batch(rids)
+        out = self.sampler(logits, batch)
+        tokens = out.token_ids.tolist()  # the step's one device-to-host copy
+        result = SampledTokens()
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        for i, rid in enumerate(rids):
+            st = self.requests[rid]
+            st.token_ids.append(tokens[i])
+            result.sampled[rid] = tokens[i]
+            k = st.params.logprobs
+            if k is not None and lps is not None:
+                top = list(zip(top_ids[i][:k], top_lps[i][:k])) if k > 0 else []
+                result.logprobs[rid] = (lps[i], top)
+        return result
+
+    def _sampling_batch(self, rids: list[str]) -> SamplingBatch:
+        states = [self.requests[r] for r in rids]
+        params = [s.params for s in states]
+        dev, vocab = self.device, self.vocab_size
+        temps = [0.0 if p.greedy else p.temperature for p in params]
+        batch = SamplingBatch(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=dev),
+            top_k=None,
+            top_p=None,
+            min_p=None,
+            all_greedy=all(t == 0.0 for t in temps),
+            generators={
+                i: s.generator
+                for i, s in enumerate(states)
+                if s.generator is not None and not s.params.greedy
+            },
+        )
+        if not batch.all_greedy:
+            if any(0 < p.top_k < vocab for p in params):
+                batch.top_k = torch.tensor(
+                    [p.top_k if p.top_k > 0 else vocab for p in params], device=dev
+                )
+            if any(p.top_p < 1.0 for p in params):
+                batch.top_p = torch.tensor(
+                    [p.top_p for p in params], dtype=torch.float32, device=dev
+                )
+            if any(p.min_p > 0.0 for p in params):
+                batch.min_p = torch.tensor(
+                    [p.min_p for p in params], dtype=torch.float32, device=dev
+                )
+        # logit bias and the min_tokens ban, as one dense additive bias
+        bias = None
+        for i, (s, p) in enumerate(zip(states, params)):
+            num_out = len(s.token_ids) - s.num_prompt_tokens
+            banned = []
+            if num_out < p.min_tokens:
+                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
+            if p.logit_bias or banned:
+                if bias is None:
+                    bias = torch.zeros((len(states), vocab), dtype=torch.float32)
+                for tid, b in (p.logit_bias or {}).items():
+                    bias[i, int(tid)] += float(b)
+                if banned:
+                    bias[i, banned] = float("-inf")
+        if bias is not None:
+            batch.bias = bias.to(dev)
+        if any(p.needs_penalties for p in params):
+            counts = torch.zeros((len(states), vocab), dtype=torch.float32)
+            seen = torch.zeros((len(states), vocab), dtype=torch.bool)
+            for i, s in enumerate(states):
+                out_ids = torch.tensor(s.token_ids[s.num_prompt_tokens :], dtype=torch.int64)
+                counts[i] = torch.bincount(out_ids, minlength=vocab)[:vocab].float()
+                seen[i, torch.tensor(s.token_ids, dtype=torch.int64)] = True
+            batch.presence = torch.tensor([p.presence_penalty for p in params], device=dev)
+            batch.frequency = torch.tensor([p.frequency_penalty for p in params], device=dev)
+            batch.repetition = torch.tensor([p.repetition_penalty for p in params], device=dev)
+            batch.output_counts = counts.to(dev)
+            batch.seen_mask = seen.to(dev)
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        batch.max_logprobs = max(wanted) if wanted else None
+        return batch
