@@ -281,12 +281,10 @@ class Scheduler:
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params
         n_out = req.num_output_tokens
-        if n_out >= params.min_tokens:
-            if (
-                not params.ignore_eos and token in req.eos_token_ids
-            ) or token in params.stop_token_ids:
-                req.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
+        is_eos = not params.ignore_eos and token in req.eos_token_ids
+        if (is_eos or token in params.stop_token_ids) and n_out >= params.min_tokens:
+            req.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
         if params.max_tokens is not None and n_out >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
         if req.num_tokens >= self.config.max_model_len:
