@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from cadence.config import EngineConfig
 from cadence.engine.core import EngineCore
-from cadence.engine.output_processor import OutputProcessor
+from cadence.engine.output_processor import OutputProcessor, sample_params
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
 from cadence.tokenizer import load_tokenizer
@@ -146,13 +146,7 @@ class LLM:
         sample_ids = self.output_processor.add_request(rid, text, ids, params, now)
         added = []
         try:
-            for i, sid in enumerate(sample_ids):
-                child = params
-                if params.n > 1:
-                    child = _copy(params)
-                    child.n = 1
-                    if params.seed is not None:
-                        child.seed = params.seed + i  # n samples, n different draws
+            for sid, child in zip(sample_ids, sample_params(params)):
                 self.engine.add_request(sid, ids, child, now, priority)
                 added.append(sid)
         except Exception:

@@ -17,9 +17,12 @@ the worker sampled, appends them, checks stop conditions and frees finished requ
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
@@ -75,17 +78,21 @@ class SampledTokens:
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
 
 
-@dataclass
-class RequestUpdate:
-    """One request's news after a step, for the outputs."""
+class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One request's news after a step. Also the wire format to the API server."""
 
     request_id: str
     new_token_ids: list[int]
-    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None
-    finished: bool
-    finish_reason: str | None = None
-    stop_reason: int | None = None
-    num_cached_tokens: int = 0
+    # per new token: (sampled token's logprob, [(token id, logprob), ...] of the top N)
+    new_logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+    stop_reason: int | None = None  # the stop token id that ended it
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    first_scheduled_time: float | None = None  # set on a request's first update
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 @dataclass
@@ -189,6 +196,7 @@ class Scheduler:
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:
                 req.num_cached_prompt_tokens = num_hit_tokens
+                req.first_scheduled_time = time.time()
             self.kv.stats.queries += req.num_tokens
             self.kv.stats.hits += num_hit_tokens
             req.num_computed_tokens += num_hit_tokens
@@ -270,10 +278,10 @@ class Scheduler:
                     rid,
                     [token],
                     [lp] if lp is not None else None,
-                    finished=status is not None,
                     finish_reason=None if status is None else _reason(status),
                     stop_reason=req.stop_reason,
                     num_cached_tokens=req.num_cached_prompt_tokens,
+                    first_scheduled_time=req.first_scheduled_time if req.num_output_tokens == 1 else None,
                 )
             )
         return updates

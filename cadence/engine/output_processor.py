@@ -6,8 +6,10 @@ named `{request_id}#{i}`, which share the prompt's KV blocks through the prefix 
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cadence.core.scheduler import RequestUpdate
 from cadence.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -19,6 +21,20 @@ _PREFIX_TOKENS = 5
 
 def child_id(request_id: str, index: int, n: int) -> str:
     return request_id if n == 1 else f"{request_id}#{index}"
+
+
+def sample_params(params: SamplingParams) -> list[SamplingParams]:
+    """The parameters of each of a request's n sequences in the core (n == 1 each)."""
+    if params.n == 1:
+        return [params]
+    out = []
+    for i in range(params.n):
+        child = copy.deepcopy(params)
+        child.n = 1
+        if params.seed is not None:
+            child.seed = params.seed + i  # n samples, n different draws
+        out.append(child)
+    return out
 
 
 class IncrementalDetokenizer:
@@ -85,9 +101,21 @@ class RequestState:
         )
 
 
+class RequestObserver(Protocol):
+    """Per-request timings, for metrics (the server passes one; the offline API does not)."""
+
+    def on_first_token(
+        self, ttft: float, queue_time: float | None, num_prompt_tokens: int
+    ) -> None: ...
+    def on_token(self, inter_token_latency: float) -> None: ...
+    def on_new_tokens(self, num_tokens: int) -> None: ...
+    def on_finished(self, e2e: float, finish_reason: str) -> None: ...
+
+
 class OutputProcessor:
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, observer: RequestObserver | None = None) -> None:
         self.tokenizer = tokenizer
+        self.observer = observer
         self.requests: dict[str, RequestState] = {}
         self._child: dict[str, tuple[RequestState, int]] = {}
 
@@ -138,9 +166,21 @@ class OutputProcessor:
             if out.finished:
                 continue
             m = state.metrics
+            obs = self.observer
             if m.first_token_time is None:
                 m.first_token_time = now
+                if obs is not None:
+                    queued = (
+                        None
+                        if up.first_scheduled_time is None
+                        else up.first_scheduled_time - m.arrival_time
+                    )
+                    obs.on_first_token(now - m.arrival_time, queued, len(state.prompt_token_ids))
+            elif obs is not None and m.last_token_time is not None:
+                obs.on_token(now - m.last_token_time)
             m.last_token_time = now
+            if obs is not None:
+                obs.on_new_tokens(len(up.new_token_ids))
             state.num_cached_tokens = max(state.num_cached_tokens, up.num_cached_tokens)
             out.token_ids.extend(up.new_token_ids)
             if up.new_logprobs is not None and out.logprobs is not None:
@@ -163,6 +203,8 @@ class OutputProcessor:
                 if state.finished:
                     m.finished_time = now
                     del self.requests[state.request_id]
+                    if obs is not None:
+                        obs.on_finished(now - m.arrival_time, out.finish_reason or "stop")
         return list(changed.values()), to_stop
 
     def _find_stop(self, state: RequestState, out: CompletionOutput, num_new_tokens: int) -> bool:

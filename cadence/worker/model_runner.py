@@ -131,7 +131,10 @@ class ModelRunner:
         shape = (2, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = []
         for layer in self.model.attention_layers():
-            cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+            # Uninitialised (fast to allocate), except block 0: padded key slots point at
+            # slot 0, and masked garbage could still be NaN, which survives 0 * NaN.
+            cache = torch.empty(shape, dtype=self.dtype, device=self.device)
+            cache[:, 0].zero_()
             layer.kv_cache = cache
             self.kv_caches.append(cache)
         logger.info(

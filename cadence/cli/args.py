@@ -1,0 +1,197 @@
+"""Engine flags for every command, generated from the configuration dataclasses.
+
+    add_engine_args(parser)        one flag per field of ModelConfig, CacheConfig,
+                                   SchedulerConfig and EngineConfig's own scalars
+    engine_kwargs_from_args(args)  the flat keyword arguments that LLM(...) and
+                                   EngineConfig.from_kwargs(...) take
+
+Names follow vLLM's where the meaning is the same: a field `max_num_batched_tokens` is the
+flag `--max-num-batched-tokens`; a bool field gets `--flag` / `--no-flag`. A flag's help is
+the comment next to its field in cadence/config.py, so the dataclass stays the one place to
+document and add an option. Values are checked by `EngineConfig.validate()`; callers turn
+its ValueError into a usage error (see `check_engine_args`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import inspect
+import re
+import types
+import typing
+
+from cadence.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+
+_SECTIONS: tuple[tuple[str, type], ...] = (
+    ("model", ModelConfig),
+    ("cache", CacheConfig),
+    ("scheduler", SchedulerConfig),
+    ("engine", EngineConfig),
+)
+
+# Set by the engine at start-up, not by users.
+_INTERNAL_FIELDS = {("scheduler", "max_model_len")}
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """'2147483648', '2GiB', '512MiB', '1.5G' -> bytes (an argparse `type`)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size (give bytes, or a number with a unit such as 4GiB, 512MiB)"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+# Fields whose values are sizes in bytes.
+_FIELD_TYPES: dict[str, typing.Callable[[str], object]] = {"kv_cache_memory": parse_bytes}
+
+
+@functools.cache
+def _field_comments(cls: type) -> dict[str, str]:
+    """field name -> the `# comment` after it in the class body (the flag's help)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out = {}
+    for line in source.splitlines():
+        m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _base_type(annotation) -> tuple[type, bool]:
+    """(the non-None type, whether None is allowed) of a field annotation."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) != 1:
+            raise TypeError(f"cannot make a flag for a field of type {annotation}")
+        return args[0], True
+    return annotation, False
+
+
+def _engine_fields() -> list[tuple[str, dataclasses.Field, type, bool, str]]:
+    """(section, field, type, optional, help) for every field that becomes a flag."""
+    out = []
+    seen: set[str] = set()
+    for section, cls in _SECTIONS:
+        hints = typing.get_type_hints(cls)
+        comments = _field_comments(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in seen or (section, f.name) in _INTERNAL_FIELDS:
+                continue
+            if dataclasses.is_dataclass(hints[f.name]):
+                continue  # a nested section: its fields are listed on their own
+            typ, optional = _base_type(hints[f.name])
+            if typ not in (bool, int, float, str):
+                continue
+            seen.add(f.name)
+            out.append((section, f, typ, optional, comments.get(f.name, "")))
+    return out
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = True) -> None:
+    """Add one flag per engine configuration field to `parser`, in groups per section.
+
+    With `positional_model`, the model may also be given as the first positional argument
+    (`cadence bench throughput PATH`), like `vllm serve PATH`.
+    """
+    groups = {
+        "model": parser.add_argument_group("model"),
+        "cache": parser.add_argument_group("KV cache"),
+        "scheduler": parser.add_argument_group("scheduler"),
+        "engine": parser.add_argument_group("engine"),
+    }
+    if positional_model:
+        groups["model"].add_argument(
+            "model_positional",
+            nargs="?",
+            default=None,
+            metavar="MODEL",
+            help="same as --model",
+        )
+    for section, f, typ, _optional, help_text in _engine_fields():
+        flag = "--" + f.name.replace("_", "-")
+        default = _default(f)
+        help_text = help_text or f.name.replace("_", " ")
+        if typ is bool:
+            groups[section].add_argument(
+                flag,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=default,
+                help=f"{help_text} (default: {'on' if default else 'off'})",
+            )
+            continue
+        convert = _FIELD_TYPES.get(f.name, typ)
+        shown = "none" if default is None else default
+        groups[section].add_argument(
+            flag,
+            dest=f.name,
+            type=convert,
+            default=default,
+            metavar=f.name.upper(),
+            help=f"{help_text} (default: {shown})",
+        )
+
+
+def engine_kwargs_from_args(args: argparse.Namespace) -> dict:
+    """The flat engine keyword arguments held in `args` (for `LLM(**kwargs)`).
+
+    Only values that differ from the dataclass defaults are returned, so a caller's own
+    defaults (say, LLM(model=...)) are not overridden by flags the user never gave.
+    """
+    kwargs = {}
+    for _section, f, _typ, _optional, _help in _engine_fields():
+        if not hasattr(args, f.name):
+            continue
+        value = getattr(args, f.name)
+        if value != _default(f):
+            kwargs[f.name] = value
+    positional = getattr(args, "model_positional", None)
+    if positional is not None:
+        if kwargs.get("model") not in (None, positional):
+            raise ValueError(
+                f"the model is given twice: {positional!r} and --model {kwargs['model']!r}"
+            )
+        kwargs["model"] = positional
+    return kwargs
+
+
+def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """engine_kwargs_from_args, with any bad value reported as a usage error (exit 2)."""
+    try:
+        kwargs = engine_kwargs_from_args(args)
+        EngineConfig.from_kwargs(**kwargs)
+    except (ValueError, TypeError) as e:
+        parser.error(str(e))
+    return kwargs

@@ -1,0 +1,64 @@
+"""Messages between the API server and the engine core process (msgspec over ZMQ).
+
+Token ids travel, text does not. Frames on the input socket are (kind, payload):
+
+    ADD       EngineCoreRequest          queue one sequence
+    ABORT     list[str]                  request ids to drop (hang-ups, stop strings)
+    SHUTDOWN  None                       leave the loop
+
+On the output socket every frame is one EngineCoreOutputs: a step's token updates, any
+per-request errors, and the scheduler's stats.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from cadence.core.scheduler import RequestUpdate
+from cadence.sampling_params import SamplingParams
+
+ADD = b"add"
+ABORT = b"abort"
+SHUTDOWN = b"shutdown"
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    priority: int = 0
+
+
+class EngineStats(msgspec.Struct, array_like=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_preemptions: int = 0  # cumulative
+    prefix_queries: int = 0  # cumulative tokens
+    prefix_hits: int = 0  # cumulative tokens
+    num_blocks: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):
+    updates: list[RequestUpdate] = []
+    errors: list[tuple[str, str]] = []  # (request id, message): rejected by the core
+    stats: EngineStats | None = None
+    timestamp: float = 0.0
+
+
+class EngineReady(msgspec.Struct, array_like=True, tag="ready"):
+    """Sent once after start-up, so the API server knows what the core loaded."""
+
+    model_path: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    num_blocks: int
+    block_size: int
+
+
+encoder = msgspec.msgpack.Encoder()
+request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+abort_decoder = msgspec.msgpack.Decoder(list[str])
+outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs | EngineReady)

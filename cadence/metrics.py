@@ -1,0 +1,144 @@
+"""Prometheus metrics of the server, names prefixed `cadence:`.
+
+Gauges mirror the engine core's stats (sent with each of its messages); counters and
+histograms are fed by the API server's output processor as tokens arrive.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = r = CollectorRegistry()
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.running = Gauge(
+            "cadence:num_requests_running", "Sequences in the running batch", labels, registry=r
+        )
+        self.waiting = Gauge(
+            "cadence:num_requests_waiting", "Sequences waiting to be scheduled", labels, registry=r
+        )
+        self.kv_usage = Gauge(
+            "cadence:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", labels, registry=r
+        )
+        self.prefix_queries = Counter(
+            "cadence:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            labels,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "cadence:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            labels,
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "cadence:num_preemptions", "Sequences preempted (recomputed later)", labels, registry=r
+        )
+        self.prompt_tokens = Counter(
+            "cadence:prompt_tokens",
+            "Prompt tokens of finished-prefill requests",
+            labels,
+            registry=r,
+        )
+        self.generation_tokens = Counter(
+            "cadence:generation_tokens", "Generated tokens", labels, registry=r
+        )
+        self.requests_success = Counter(
+            "cadence:request_success", "Finished requests", labels + ["finished_reason"], registry=r
+        )
+        self.rejected = Counter(
+            "cadence:requests_rejected",
+            "Requests refused with 429 by admission control",
+            labels,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "cadence:time_to_first_token_seconds",
+            "Time to first token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "cadence:inter_token_latency_seconds",
+            "Time between tokens of a request",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "cadence:e2e_request_latency_seconds",
+            "Arrival to last token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "cadence:request_queue_time_seconds",
+            "Arrival to first scheduled",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self._last_engine = (0, 0, 0)  # cumulative (queries, hits, preemptions) last seen
+        for m in (self.running, self.waiting, self.kv_usage):
+            m.labels(model_name).set(0)
+
+    def _l(self, metric):
+        return metric.labels(self.model_name)
+
+    def update_engine_stats(self, stats) -> None:
+        self._l(self.running).set(stats.num_running)
+        self._l(self.waiting).set(stats.num_waiting)
+        self._l(self.kv_usage).set(stats.kv_usage)
+        q, h, p = self._last_engine
+        self._l(self.prefix_queries).inc(max(0, stats.prefix_queries - q))
+        self._l(self.prefix_hits).inc(max(0, stats.prefix_hits - h))
+        self._l(self.preemptions).inc(max(0, stats.num_preemptions - p))
+        self._last_engine = (stats.prefix_queries, stats.prefix_hits, stats.num_preemptions)
+
+    # RequestObserver
+    def on_first_token(self, ttft: float, queue_time: float | None, num_prompt_tokens: int) -> None:
+        self._l(self.ttft).observe(ttft)
+        if queue_time is not None:
+            self._l(self.queue_time).observe(max(0.0, queue_time))
+        self._l(self.prompt_tokens).inc(num_prompt_tokens)
+
+    def on_token(self, inter_token_latency: float) -> None:
+        self._l(self.itl).observe(inter_token_latency)
+
+    def on_new_tokens(self, num_tokens: int) -> None:
+        self._l(self.generation_tokens).inc(num_tokens)
+
+    def on_finished(self, e2e: float, finish_reason: str) -> None:
+        self._l(self.e2e).observe(e2e)
+        self.requests_success.labels(self.model_name, finish_reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,85 @@
+"""The batched sampler's arithmetic on hand-made logits."""
+
+from __future__ import annotations
+
+import torch
+
+from cadence.layers.sampler import Sampler, SamplingBatch
+
+
+def batch(rows: int, **kw) -> SamplingBatch:
+    base = dict(
+        temperature=torch.zeros(rows),
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        all_greedy=True,
+        generators={},
+    )
+    base.update(kw)
+    return SamplingBatch(**base)
+
+
+def test_greedy_takes_argmax_per_row():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [5.0, 0.0, 1.0]])
+    assert Sampler()(logits, batch(2)).token_ids.tolist() == [1, 0]
+
+
+def test_penalties_follow_openai_and_ctrl_rules():
+    logits = torch.tensor([[2.0, -1.0, 1.0, 0.5]])
+    counts = torch.tensor([[2.0, 0.0, 0.0, 1.0]])  # token 0 twice, token 3 once in the output
+    seen = torch.tensor([[True, True, False, False]])  # tokens 0, 1 in prompt/output
+    b = batch(
+        1,
+        presence=torch.tensor([0.5]),
+        frequency=torch.tensor([0.25]),
+        repetition=torch.tensor([2.0]),
+        output_counts=counts,
+        seen_mask=seen,
+    )
+    from cadence.layers.sampler import _apply_penalties
+
+    out = _apply_penalties(logits, b)
+    # token 0: 2/2 - 0.25*2 - 0.5 = 0; token 1: -1*2 = -2; token 2 untouched; token 3: 0.5 - 0.25 - 0.5
+    assert torch.allclose(out, torch.tensor([[0.0, -2.0, 1.0, -0.25]]))
+    assert Sampler()(logits, b).token_ids.tolist() == [2]
+
+
+def test_top_k_top_p_min_p_restrict_the_draw():
+    torch.manual_seed(0)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]])).repeat(200, 1)
+    hot = torch.ones(200)
+    only_top2 = Sampler()(
+        logits, batch(200, temperature=hot, all_greedy=False, top_k=torch.full((200,), 2))
+    )
+    assert set(only_top2.token_ids.tolist()) <= {0, 1}
+    top_p = Sampler()(
+        logits, batch(200, temperature=hot, all_greedy=False, top_p=torch.full((200,), 0.7))
+    )
+    assert set(top_p.token_ids.tolist()) <= {0, 1}  # 0.5 + 0.3 covers 0.7
+    min_p = Sampler()(
+        logits, batch(200, temperature=hot, all_greedy=False, min_p=torch.full((200,), 0.5))
+    )
+    assert set(min_p.token_ids.tolist()) <= {0, 1}  # 0.15 < 0.5 * 0.5
+    free = Sampler()(logits, batch(200, temperature=hot, all_greedy=False))
+    assert len(set(free.token_ids.tolist())) >= 3
+
+
+def test_seeded_rows_draw_from_their_own_generator():
+    logits = torch.zeros(3, 50)
+
+    def draw(seed_row: int, rows: int):
+        gens = {seed_row: torch.Generator().manual_seed(42)}
+        b = batch(rows, temperature=torch.ones(rows), all_greedy=False, generators=gens)
+        return Sampler()(logits[:rows], b).token_ids[seed_row].item()
+
+    assert draw(0, 1) == draw(2, 3) == draw(1, 2)
+
+
+def test_logprobs_are_raw_log_softmax():
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    out = Sampler()(logits, batch(1, max_logprobs=2, bias=torch.tensor([[10.0, 0.0, 0.0]])))
+    ref = torch.log_softmax(logits, -1)
+    assert out.token_ids.tolist() == [0]  # the bias moved the choice...
+    assert torch.allclose(out.logprobs, ref[:, 0])  # ...but logprobs are the model's own
+    assert out.top_ids.tolist() == [[2, 1]]
