@@ -16,7 +16,7 @@ from torch import nn
 from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.layers.activation import SiluAndMul
 from cadence.layers.norm import RMSNorm
-from cadence.layers.rotary import RotaryEmbedding
+from cadence.layers.rotary import RotaryEmbedding, apply_rotary
 
 
 class Attention(nn.Module):
@@ -24,7 +24,6 @@ class Attention(nn.Module):
         self,
         config,
         backend: AttentionBackend,
-        rotary: RotaryEmbedding,
         qkv_bias: bool,
         qk_norm: bool,
     ) -> None:
@@ -44,13 +43,10 @@ class Attention(nn.Module):
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary = rotary
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def forward(self, cos_sin, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -58,7 +54,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, cos_sin)
         out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -78,20 +74,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, backend, rotary, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(self, config, backend, qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__()
-        self.self_attn = Attention(config, backend, rotary, qkv_bias, qk_norm)
+        self.self_attn = Attention(config, backend, qkv_bias, qk_norm)
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, x, residual, meta):
+    def forward(self, cos_sin, x, residual, meta):
         if residual is None:
             residual = x
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, meta)
+        x = self.self_attn(cos_sin, x, meta)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -116,10 +112,10 @@ class LlamaForCausalLM(nn.Module):
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
-        rotary = RotaryEmbedding(config, head_dim, max_position)
+        self.rotary = RotaryEmbedding(config, head_dim, max_position)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, backend, rotary, self.qkv_bias, self.qk_norm)
+            DecoderLayer(config, backend, self.qkv_bias, self.qk_norm)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -129,7 +125,6 @@ class LlamaForCausalLM(nn.Module):
             if self.tie_word_embeddings
             else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         )
-        self.rotary = rotary
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.layers]
@@ -139,9 +134,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, hidden] for the step's tokens."""
         x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary.lookup(positions, x.dtype)
         residual = None
         for layer in self.layers:
-            x, residual = layer(positions, x, residual, meta)
+            x, residual = layer(cos_sin, x, residual, meta)
         x, _ = self.norm(x, residual)
         return x
 
