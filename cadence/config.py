@@ -31,6 +31,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     enable_prefix_caching: bool = True
+    prefix_cache: str = "hash"  # hash (vLLM's block hash table) | radix (SGLang's tree)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens per step
     max_num_seqs: int = 256
     max_model_len: int = 2048  # filled in from the model at start-up
+    scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
+    scheduling_aging_steps: int = 200  # cache-aware policies: steps before a request goes first
 
 
 @dataclass
@@ -75,6 +78,11 @@ class EngineConfig:
             "fp32",
         ):
             raise ValueError(f"unknown dtype {self.model.dtype!r}")
+        if c.prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"prefix_cache must be hash or radix, got {c.prefix_cache!r}")
+        from cadence.core.policies import make_policy
+
+        make_policy(s.scheduling_policy, s.scheduling_aging_steps)  # raises on a bad name
         if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
             raise ValueError(f"unknown load_format {self.model.load_format!r}")
 

@@ -57,6 +57,24 @@ class ServerMetrics:
             labels,
             registry=r,
         )
+        self.prefix_requests = Counter(
+            "cadence:prefix_cache_requests",
+            "Requests looked up in the prefix cache",
+            labels,
+            registry=r,
+        )
+        self.prefix_hit_requests = Counter(
+            "cadence:prefix_cache_hit_requests",
+            "Requests that reused at least one cached block",
+            labels,
+            registry=r,
+        )
+        self.prefix_evictions = Counter(
+            "cadence:prefix_cache_evictions",
+            "Cached KV blocks evicted for reuse",
+            labels,
+            registry=r,
+        )
         self.preemptions = Counter(
             "cadence:num_preemptions", "Sequences preempted (recomputed later)", labels, registry=r
         )
@@ -106,7 +124,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._last_engine = (0, 0, 0)  # cumulative (queries, hits, preemptions) last seen
+        self._last_engine = (0, 0, 0, 0, 0, 0)  # cumulative engine counters last seen
         for m in (self.running, self.waiting, self.kv_usage):
             m.labels(model_name).set(0)
 
@@ -117,11 +135,25 @@ class ServerMetrics:
         self._l(self.running).set(stats.num_running)
         self._l(self.waiting).set(stats.num_waiting)
         self._l(self.kv_usage).set(stats.kv_usage)
-        q, h, p = self._last_engine
-        self._l(self.prefix_queries).inc(max(0, stats.prefix_queries - q))
-        self._l(self.prefix_hits).inc(max(0, stats.prefix_hits - h))
-        self._l(self.preemptions).inc(max(0, stats.num_preemptions - p))
-        self._last_engine = (stats.prefix_queries, stats.prefix_hits, stats.num_preemptions)
+        now = (
+            stats.prefix_queries,
+            stats.prefix_hits,
+            stats.num_preemptions,
+            stats.prefix_requests,
+            stats.prefix_hit_requests,
+            stats.prefix_evictions,
+        )
+        counters = (
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
+            self.prefix_requests,
+            self.prefix_hit_requests,
+            self.prefix_evictions,
+        )
+        for counter, new, old in zip(counters, now, self._last_engine):
+            self._l(counter).inc(max(0, new - old))
+        self._last_engine = now
 
     # RequestObserver
     def on_first_token(self, ttft: float, queue_time: float | None, num_prompt_tokens: int) -> None:

@@ -14,6 +14,11 @@ which block holds what.
       cached    ref_cnt == 0, in the free queue, has a hash (a prefix-cache hit revives it)
       free      ref_cnt == 0, in the free queue, no hash
 
+    With the radix cache (`prefix_cache="radix"`, cadence/core/radix_cache.py) the hash map
+    is replaced by a tree, and an unreferenced block in the tree stays *out* of the free
+    queue: the tree evicts it (LRU leaf first) when the queue runs short. Free blocks are
+    then the free queue plus the tree's unreferenced blocks.
+
 Block hashes chain: hash(block i) = sha256(hash(block i-1) || token ids of block i || extra),
 so one hash names a whole prefix, and equal hashes mean equal prefixes.
 """
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cadence.core.radix_cache import RadixTree
 from cadence.core.request import Request
 
 NONE_HASH = b"\x00" * 32
@@ -61,12 +67,13 @@ def make_block_hasher(block_size: int, extra: bytes = b""):
 
 
 class KVBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "node", "prev_free", "next_free")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
         self.block_hash: bytes | None = None
+        self.node = None  # the radix-tree node holding this block, if any
         self.prev_free: KVBlock | None = None
         self.next_free: KVBlock | None = None
 
@@ -124,7 +131,13 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        enable_caching: bool = True,
+        block_size: int = 16,
+        radix: bool = False,
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -132,11 +145,20 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVBlock] = {}
-        self.num_evictions = 0
+        self._num_hash_evictions = 0
+        self.tree: RadixTree | None = None
+        if enable_caching and radix:
+            self.tree = RadixTree(block_size, self.free_queue.append)
 
     @property
     def num_free_blocks(self) -> int:
-        return self.free_queue.num_free
+        evictable = self.tree.num_evictable if self.tree is not None else 0
+        return self.free_queue.num_free + evictable
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks reused for other data, since start."""
+        return self.tree.num_evictions if self.tree is not None else self._num_hash_evictions
 
     @property
     def usage(self) -> float:
@@ -146,6 +168,8 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         if n > self.num_free_blocks:
             raise ValueError(f"asked for {n} blocks, {self.num_free_blocks} free")
+        if self.tree is not None and n > self.free_queue.num_free:
+            self.tree.evict(n - self.free_queue.num_free)
         out = []
         for _ in range(n):
             block = self.free_queue.popleft()
@@ -159,7 +183,7 @@ class BlockPool:
             if self.cached.get(block.block_hash) is block:
                 del self.cached[block.block_hash]
             block.block_hash = None
-            self.num_evictions += 1
+            self._num_hash_evictions += 1
 
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)
@@ -168,7 +192,10 @@ class BlockPool:
         """Take a reference on cache hits, reviving any that sat in the free queue."""
         for block in blocks:
             if block.ref_cnt == 0:
-                self.free_queue.remove(block)
+                if block.node is not None:
+                    self.tree.num_evictable -= 1  # in the tree, not the queue
+                else:
+                    self.free_queue.remove(block)
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
@@ -177,7 +204,10 @@ class BlockPool:
             block.ref_cnt -= 1
             assert block.ref_cnt >= 0, block
             if block.ref_cnt == 0:
-                self.free_queue.append(block)
+                if block.node is not None:
+                    self.tree.num_evictable += 1  # stays in the tree until evicted
+                else:
+                    self.free_queue.append(block)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         if block.block_hash is not None:
@@ -191,6 +221,8 @@ class BlockPool:
         """Forget every cached prefix; only possible when no request holds a block."""
         if self.num_free_blocks != self.num_blocks:
             return False
+        if self.tree is not None:
+            self.tree.evict(self.num_blocks)
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
@@ -204,13 +236,17 @@ class BlockPool:
             assert b.block_id not in in_queue, f"{b} is in the free queue twice"
             in_queue.add(b.block_id)
         assert len(in_queue) == self.free_queue.num_free
+        if self.tree is not None:
+            self.tree.check_integrity()
         refs = [0] * self.num_blocks
         for blocks in held.values():
             for b in blocks:
                 refs[b.block_id] += 1
         for b in self.blocks:
             assert b.ref_cnt == refs[b.block_id], f"{b}: {refs[b.block_id]} holders"
-            assert (b.ref_cnt == 0) == (b.block_id in in_queue), f"{b} neither held nor free"
+            free = b.block_id in in_queue or (b.node is not None and b.ref_cnt == 0)
+            assert (b.ref_cnt == 0) == free, f"{b} neither held nor free"
+            assert not (b.node is not None and b.block_id in in_queue), f"{b} in tree and queue"
         for h, b in self.cached.items():
             assert b.block_hash == h, f"cache maps a hash to {b}, which holds another"
 
@@ -221,17 +257,28 @@ class PrefixCacheStats:
 
     queries: int = 0  # tokens looked up
     hits: int = 0  # of which found in the cache
+    requests: int = 0  # requests looked up
+    hit_requests: int = 0  # of which found at least one block
 
 
 class KVCacheManager:
     """Which blocks each request holds. The scheduler's only door to the block pool."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        prefix_cache: str = "hash",
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"prefix_cache must be 'hash' or 'radix', got {prefix_cache!r}")
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.pool = BlockPool(num_blocks, enable_caching)
+        self.prefix_cache = prefix_cache if enable_caching else "none"
+        self.pool = BlockPool(num_blocks, enable_caching, block_size, radix=prefix_cache == "radix")
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks already in the cache
         self.stats = PrefixCacheStats()
@@ -252,6 +299,9 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        if self.pool.tree is not None:
+            hits = self.pool.tree.match(request.all_token_ids, max_hit_blocks)
+            return hits, len(hits) * self.block_size
         hits: list[KVBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
             block = self.pool.lookup(block_hash)
@@ -259,6 +309,23 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits, len(hits) * self.block_size
+
+    def cached_prefix_len(self, request: Request) -> int:
+        """Tokens of the request's prefix in the cache now, without touching anything."""
+        if not self.enable_caching:
+            return 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        if self.pool.tree is not None:
+            return (
+                len(self.pool.tree.match(request.all_token_ids, max_hit_blocks, touch=False))
+                * self.block_size
+            )
+        n = 0
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            if self.pool.lookup(block_hash) is None:
+                break
+            n += 1
+        return n * self.block_size
 
     def allocate_slots(
         self,
@@ -286,7 +353,12 @@ class KVCacheManager:
         held.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(max(num_needed, 0))
         held.extend(new_blocks)
-        if self.enable_caching:
+        if self.pool.tree is not None:
+            num_full = min(total_tokens, request.num_tokens) // self.block_size
+            if num_full > self.num_cached_blocks.get(request.request_id, 0):
+                self.pool.tree.insert(request.all_token_ids, held, num_full)
+                self.num_cached_blocks[request.request_id] = num_full
+        elif self.enable_caching:
             # Blocks whose tokens are all known get their hash now. Their K/V is written by
             # this step's forward before any attention reads it, so a hit in the same step
             # (a sibling sample, say) is safe.

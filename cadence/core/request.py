@@ -63,6 +63,7 @@ class Request:
         self.num_cached_prompt_tokens = 0  # prefix-cache hit at first schedule, for stats
         self.num_preemptions = 0
         self.first_scheduled_time: float | None = None
+        self.enqueue_step = 0  # scheduler step at which it last joined the waiting queue
         self.stop_reason: int | None = None  # the stop token id that ended it, if any
         # Chained hashes of every full block of all_token_ids, extended as tokens arrive.
         self._block_hasher = block_hasher

@@ -26,6 +26,7 @@ import msgspec
 
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
+from cadence.core.policies import make_policy
 from cadence.core.request import Request, RequestStatus
 from cadence.sampling_params import SamplingParams
 
@@ -103,6 +104,9 @@ class SchedulerStats:
     num_preemptions: int = 0  # since start
     prefix_queries: int = 0  # tokens, since start
     prefix_hits: int = 0
+    prefix_requests: int = 0  # requests looked up, since start
+    prefix_hit_requests: int = 0  # of which hit at least one block
+    prefix_evictions: int = 0  # cached blocks reused for other data, since start
 
 
 class Scheduler:
@@ -115,6 +119,8 @@ class Scheduler:
         self.num_preemptions = 0
         self._finished_ids: list[str] = []  # to tell the worker next step
         self._seen_by_worker: set[str] = set()
+        self.policy = make_policy(config.scheduling_policy, config.scheduling_aging_steps)
+        self.step_count = 0
 
     # ---- queue management -------------------------------------------------------------
 
@@ -122,6 +128,7 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
         self.requests[request.request_id] = request
+        request.enqueue_step = self.step_count
         self.waiting.append(request)
 
     def abort_requests(
@@ -153,9 +160,12 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_ids=self._finished_ids)
         self._finished_ids = []
+        self.step_count += 1
         budget = self.config.max_num_batched_tokens
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
+        self._order_waiting()
+        priority_preempted = self._preempt_for_priority() if self.policy.preemptive else []
 
         # 1. Running requests, in order.
         i = 0
@@ -199,6 +209,8 @@ class Scheduler:
                 req.first_scheduled_time = time.time()
             self.kv.stats.queries += req.num_tokens
             self.kv.stats.hits += num_hit_tokens
+            self.kv.stats.requests += 1
+            self.kv.stats.hit_requests += num_hit_tokens > 0
             req.num_computed_tokens += num_hit_tokens
             was_preempted = req.status == RequestStatus.PREEMPTED
             req.status = RequestStatus.RUNNING
@@ -231,29 +243,57 @@ class Scheduler:
             out.cached_requests.append(
                 CachedRequestData(rid, ids, self.requests[rid].num_computed_tokens, resumed=False)
             )
+        preempted += priority_preempted
         out.preempted_ids = [r.request_id for r in preempted if r.status == RequestStatus.PREEMPTED]
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
         assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
         assert len(self.running) <= self.config.max_num_seqs
         return out
 
+    def _order_waiting(self) -> None:
+        if len(self.waiting) > 1:
+            self.policy.order(
+                self.waiting, self.step_count, self.kv.cached_prefix_len, self.kv.block_size
+            )
+
+    def _preempt_for_priority(self) -> list[Request]:
+        """Make room for the best waiting request if a running one has a larger priority
+        value and there is no room (sequence slots or blocks for its first chunk)."""
+        victims = []
+        bs = self.kv.block_size
+        while self.waiting and self.running:
+            cand = self.waiting[0]
+            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            if cand.priority >= victim.priority:
+                break
+            first_chunk = min(
+                cand.num_tokens - cand.num_computed_tokens, self.config.max_num_batched_tokens
+            )
+            need = -(-first_chunk // bs) + 1
+            if len(self.running) < self.config.max_num_seqs and self.kv.num_free_blocks >= need:
+                break
+            self._preempt(victim, reason="a higher-priority request is waiting")
+            victims.append(victim)
+        if victims:
+            self._order_waiting()  # the victims joined at the front; priority decides
+        return victims
+
     def _pick_victim(self, first: int) -> Request:
         """Lowest priority (largest value), then latest arrival, among running[first:]."""
         return max(self.running[first:], key=lambda r: (r.priority, r.arrival_time))
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request, reason: str = "out of KV blocks") -> None:
         self.running.remove(req)
         self.kv.free(req)
         recompute = req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         req.status = RequestStatus.PREEMPTED
+        req.enqueue_step = self.step_count
         self.waiting.appendleft(req)
         self.num_preemptions += 1
         logger.info(
-            "preempted %s (out of KV blocks): %d tokens will be recomputed",
-            req.request_id,
-            recompute,
+            "preempted %s (%s): %d tokens will be recomputed", req.request_id, reason, recompute
         )
 
     def update(self, sched: SchedulerOutput, result: SampledTokens) -> list[RequestUpdate]:
@@ -281,7 +321,9 @@ class Scheduler:
                     finish_reason=None if status is None else _reason(status),
                     stop_reason=req.stop_reason,
                     num_cached_tokens=req.num_cached_prompt_tokens,
-                    first_scheduled_time=req.first_scheduled_time if req.num_output_tokens == 1 else None,
+                    first_scheduled_time=req.first_scheduled_time
+                    if req.num_output_tokens == 1
+                    else None,
                 )
             )
         return updates
@@ -314,6 +356,9 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             prefix_queries=self.kv.stats.queries,
             prefix_hits=self.kv.stats.hits,
+            prefix_requests=self.kv.stats.requests,
+            prefix_hit_requests=self.kv.stats.hit_requests,
+            prefix_evictions=self.kv.pool.num_evictions,
         )
 
 

@@ -43,16 +43,23 @@ class EngineCore:
             self.max_model_len = pool_tokens
         config.scheduler.max_model_len = self.max_model_len
         self.kv = KVCacheManager(
-            self.runner.num_blocks, cache.block_size, cache.enable_prefix_caching
+            self.runner.num_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            cache.prefix_cache,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self._hasher = make_block_hasher(cache.block_size) if cache.enable_prefix_caching else None
+        hashed = cache.enable_prefix_caching and cache.prefix_cache == "hash"
+        self._hasher = make_block_hasher(cache.block_size) if hashed else None
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
+        cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
         logger.info(
-            "engine ready in %.1f s (max_model_len %d)",
+            "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s)",
             time.perf_counter() - t0,
             self.max_model_len,
+            cache_kind,
+            config.scheduler.scheduling_policy,
         )
 
     def add_request(

@@ -136,6 +136,9 @@ class EngineLoop:
             s.prefix_queries,
             s.prefix_hits,
             self.core.runner.num_blocks,
+            s.prefix_requests,
+            s.prefix_hit_requests,
+            s.prefix_evictions,
         )
         self.outbox.send(
             P.encoder.encode(P.EngineCoreOutputs(updates, self.errors, stats, time.time()))

@@ -38,6 +38,9 @@ class EngineStats(msgspec.Struct, array_like=True):
     prefix_queries: int = 0  # cumulative tokens
     prefix_hits: int = 0  # cumulative tokens
     num_blocks: int = 0
+    prefix_requests: int = 0  # cumulative
+    prefix_hit_requests: int = 0  # cumulative
+    prefix_evictions: int = 0  # cumulative blocks
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

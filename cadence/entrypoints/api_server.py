@@ -244,7 +244,13 @@ def create_app(
 
     @app.get("/version")
     async def version():
-        return {"version": cadence.__version__, "model": state.get("name")}
+        cache = config.cache
+        return {
+            "version": cadence.__version__,
+            "model": state.get("name"),
+            "prefix_cache": cache.prefix_cache if cache.enable_prefix_caching else "off",
+            "scheduling_policy": config.scheduler.scheduling_policy,
+        }
 
     @app.get("/metrics")
     async def metrics():

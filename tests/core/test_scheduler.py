@@ -32,10 +32,17 @@ def make_scheduler(
     max_num_seqs: int = 16,
     max_model_len: int = 1024,
     enable_caching: bool = True,
+    prefix_cache: str = "hash",
+    policy: str = "fcfs",
+    aging_steps: int = 200,
 ) -> Scheduler:
-    kv = KVCacheManager(num_blocks, block_size, enable_caching)
+    kv = KVCacheManager(num_blocks, block_size, enable_caching, prefix_cache)
     config = SchedulerConfig(
-        max_num_batched_tokens=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        scheduling_policy=policy,
+        scheduling_aging_steps=aging_steps,
     )
     return Scheduler(config, kv)
 
@@ -612,15 +619,26 @@ def test_aborting_unknown_or_finished_requests_does_nothing():
 
 
 @pytest.mark.parametrize(
-    "seed, enable_caching",
-    [(0, True), (1, True), (2, False)],
-    ids=["cache-0", "cache-1", "nocache"],
+    "seed, cache, policy",
+    [
+        (0, "hash", "fcfs"),
+        (1, "hash", "fcfs"),
+        (2, "none", "fcfs"),
+        (3, "radix", "fcfs"),
+        (4, "radix", "lpm"),
+        (5, "radix", "dfs-weight"),
+        (6, "hash", "lpm"),
+        (7, "hash", "priority"),
+        (8, "radix", "priority"),
+    ],
+    ids=lambda v: str(v),
 )
-def test_a_random_workload_keeps_every_invariant_and_leaks_nothing(seed, enable_caching):
+def test_a_random_workload_keeps_every_invariant_and_leaks_nothing(seed, cache, policy):
     """Random arrivals, lengths and aborts on a small pool: preemptions happen, every
     request still gets exactly its tokens, and at the end every block is free."""
     rng = random.Random(seed)
     num_blocks, block_size = 24, 4
+    enable_caching = cache != "none"
     sched = make_scheduler(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -628,6 +646,9 @@ def test_a_random_workload_keeps_every_invariant_and_leaks_nothing(seed, enable_
         max_num_seqs=6,
         max_model_len=256,
         enable_caching=enable_caching,
+        prefix_cache="radix" if cache == "radix" else "hash",
+        policy=policy,
+        aging_steps=20,
     )
     system_prompts = [[rng.randrange(1, 900) for _ in range(n)] for n in (8, 13)]
     requests: list[Request] = []
@@ -647,6 +668,7 @@ def test_a_random_workload_keeps_every_invariant_and_leaks_nothing(seed, enable_
                 block_size=block_size,
                 arrival_time=float(len(requests)),
             )
+            req.priority = rng.randint(0, 3)
             requests.append(req)
             sched.add_request(req)
         live = list(sched.requests)
@@ -668,7 +690,11 @@ def test_a_random_workload_keeps_every_invariant_and_leaks_nothing(seed, enable_
             assert req.status == RequestStatus.FINISHED_LENGTH, req
             assert req.output_token_ids == expected_output(req), req
     check_all_free(sched)
-    if enable_caching:
+    if cache == "radix":
+        assert sched.kv.stats.hits > 0
+        nodes = sched.kv.pool.tree.nodes()
+        assert nodes and all(b.ref_cnt == 0 for n in nodes for b in n.blocks)
+    elif enable_caching:
         assert sched.kv.stats.hits > 0
         assert sched.kv.pool.cached
         for block_hash, block in sched.kv.pool.cached.items():

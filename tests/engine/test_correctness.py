@@ -79,6 +79,16 @@ def test_prefill_and_decode_logprobs_match_transformers(kind, tiny_model_dir, hf
         pytest.param({"block_size": 7}, id="block-size-7"),
         pytest.param({"max_num_seqs": 3, "max_num_batched_tokens": 20}, id="few-seqs-small-budget"),
         pytest.param({"enable_prefix_caching": False}, id="no-prefix-cache"),
+        pytest.param({"prefix_cache": "radix", "block_size": 4}, id="radix"),
+        pytest.param(
+            {"prefix_cache": "radix", "scheduling_policy": "lpm", "max_num_seqs": 3}, id="radix-lpm"
+        ),
+        pytest.param(
+            {"prefix_cache": "radix", "scheduling_policy": "dfs-weight", "max_num_seqs": 3},
+            id="radix-dfs-weight",
+        ),
+        pytest.param({"scheduling_policy": "priority", "max_num_seqs": 3}, id="priority"),
+        pytest.param({"scheduling_policy": "lpm", "max_num_seqs": 3}, id="hash-lpm"),
     ],
 )
 def test_equality_holds_under_engine_settings(engine_kwargs, tiny_model_dir, references):
@@ -104,10 +114,13 @@ def test_budget_8_mixes_prefill_chunks_and_decodes(tiny_model_dir):
     assert mixed
 
 
-def test_warm_prefix_cache_gives_hits_and_same_tokens(tiny_model_dir, references, hf_model):
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_warm_prefix_cache_gives_hits_and_same_tokens(
+    prefix_cache, tiny_model_dir, references, hf_model
+):
     prompts, expected = references("llama")
     path = tiny_model_dir("llama")
-    llm, first = run(path, prompts, block_size=4)
+    llm, first = run(path, prompts, block_size=4, prefix_cache=prefix_cache)
     assert first == expected
     hits_before = llm.engine.kv.stats.hits
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -127,10 +140,17 @@ def test_warm_prefix_cache_gives_hits_and_same_tokens(tiny_model_dir, references
     assert llm.engine.kv.num_free_blocks == llm.engine.kv.pool.num_blocks
 
 
-def test_small_kv_pool_preempts_and_stays_exact(tiny_model_dir, references):
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_small_kv_pool_preempts_and_stays_exact(prefix_cache, tiny_model_dir, references):
     prompts, expected = references("llama")
     # 40 blocks of 4 tokens: room for ~2 of the 8 requests at full length.
-    llm, got = run(tiny_model_dir("llama"), prompts, block_size=4, num_gpu_blocks_override=40)
+    llm, got = run(
+        tiny_model_dir("llama"),
+        prompts,
+        block_size=4,
+        num_gpu_blocks_override=40,
+        prefix_cache=prefix_cache,
+    )
     assert llm.engine.scheduler.num_preemptions > 0
     assert got == expected
     assert llm.engine.kv.num_free_blocks == 40
@@ -148,3 +168,31 @@ def test_preemption_and_chunking_on_other_architectures(kind, tiny_model_dir, re
     )
     assert llm.engine.scheduler.num_preemptions > 0
     assert got == expected
+
+
+def test_priority_preemption_keeps_output_exact(tiny_model_dir, references):
+    """Two low-priority requests run; an urgent one arrives and preempts the later of them;
+    all three still produce transformers' tokens."""
+    prompts, expected = references("llama")
+    llm = LLM(
+        tiny_model_dir("llama"),
+        dtype="float32",
+        num_gpu_blocks_override=512,
+        scheduling_policy="priority",
+        max_num_seqs=2,
+        check_kv_integrity=True,
+    )
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    engine.add_request("low-a", prompts[0], params, priority=5)
+    engine.add_request("low-b", prompts[1], params, priority=5)
+    outputs: dict[str, list[int]] = {"low-a": [], "low-b": [], "urgent": []}
+    for _ in range(3):
+        for up in engine.step():
+            outputs[up.request_id] += up.new_token_ids
+    engine.add_request("urgent", prompts[2], params, priority=0)
+    while engine.has_unfinished_requests():
+        for up in engine.step():
+            outputs[up.request_id] += up.new_token_ids
+    assert engine.scheduler.num_preemptions >= 1
+    assert outputs == {"low-a": expected[0], "low-b": expected[1], "urgent": expected[2]}

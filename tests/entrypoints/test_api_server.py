@@ -34,7 +34,12 @@ def test_models_health_version(http, model_name):
     models = http.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == model_name
     assert http.get("/health").status_code == 200
-    assert "version" in http.get("/version").json()
+    version = http.get("/version").json()
+    assert (
+        version["version"]
+        and version["prefix_cache"] == "hash"
+        and version["scheduling_policy"] == "fcfs"
+    )
 
 
 def test_completion_basic_and_usage(client, model_name, http):
