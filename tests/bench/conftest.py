@@ -1,0 +1,211 @@
+"""Fixtures of the `cadence bench serve` tests: a scripted stub server, the SmolLM2
+tokenizer, and `Server` (tests/entrypoints/conftest.py's real-server helper).
+
+The stub speaks the streaming OpenAI protocol and follows a script written in the prompt
+(completions) or the last message (chat), e.g. "ttft=150 itl=50": sleep 150 ms, send the
+first token, then one token every 50 ms until max_tokens. Other words of the script:
+status=500 (answer that HTTP error), error=1 (an error event mid-stream), nodone=1 (end
+without [DONE]), nousage=1 (no usage chunk). Its usage says prompt_tokens = the number of
+words of the prompt text (every message's content for chat), completion_tokens = max_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+
+import pytest
+from fastapi import Request  # at module level: FastAPI resolves the string annotations here
+
+DEFAULT_SCRIPT = {"ttft": 50.0, "itl": 20.0}
+STUB_MODEL = "stub-model"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_script(text: str) -> dict[str, float]:
+    script = dict(DEFAULT_SCRIPT)
+    for word in text.split():
+        key, sep, value = word.partition("=")
+        if sep:
+            with contextlib.suppress(ValueError):
+                script[key] = float(value)
+    return script
+
+
+@dataclass
+class Stub:
+    """The stub's address and what it saw."""
+
+    url: str = ""
+    bodies: list[dict] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+
+    def reset(self) -> None:
+        self.bodies.clear()
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+
+def _sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+def make_stub_app(stub: Stub):
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": STUB_MODEL, "object": "model"}]}
+
+    @app.get("/version")
+    async def version():
+        return {"version": "stub-1"}
+
+    async def stream(body: dict, chat: bool):
+        if chat:
+            text = " ".join(str(m.get("content", "")) for m in body["messages"])
+            script = parse_script(str(body["messages"][-1].get("content", "")))
+            n = body.get("max_completion_tokens") or body.get("max_tokens") or 4
+        else:
+            text = body["prompt"]
+            script = parse_script(text)
+            n = body.get("max_tokens") or 4
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(choices: list, usage: dict | None = None) -> str:
+            obj = {"id": "x", "object": kind, "model": STUB_MODEL, "choices": choices}
+            if usage is not None:
+                obj["usage"] = usage
+            return _sse(obj)
+
+        def token(i: int) -> str:
+            if chat:
+                return chunk([{"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}])
+            return chunk([{"index": 0, "text": f"t{i} ", "finish_reason": None}])
+
+        stub.in_flight += 1
+        stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+        try:
+            # at once: a chunk without text, which must not count as the first token
+            if chat:
+                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+            else:
+                yield chunk([{"index": 0, "text": "", "finish_reason": None}])
+            await asyncio.sleep(script["ttft"] / 1e3)
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(script["itl"] / 1e3)
+                if script.get("error") and i == n // 2:
+                    yield _sse({"error": {"message": "scripted failure", "code": 500}})
+                    yield "data: [DONE]\n\n"
+                    return
+                yield token(i)
+            if chat:
+                yield chunk([{"index": 0, "delta": {}, "finish_reason": "length"}])
+            else:
+                yield chunk([{"index": 0, "text": "", "finish_reason": "length"}])
+            if not script.get("nousage"):
+                usage = {"prompt_tokens": len(text.split()), "completion_tokens": n}
+                usage["total_tokens"] = usage["prompt_tokens"] + n
+                yield chunk([], usage)
+            if not script.get("nodone"):
+                yield "data: [DONE]\n\n"
+        finally:
+            stub.in_flight -= 1
+
+    async def handle(request: Request, chat: bool):
+        body = await request.json()
+        stub.bodies.append(body)
+        last = body["messages"][-1].get("content", "") if chat else body["prompt"]
+        status = int(parse_script(str(last)).get("status", 200))
+        if status != 200:
+            return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
+        return StreamingResponse(stream(body, chat), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await handle(request, chat=True)
+
+    return app
+
+
+@pytest.fixture(scope="session")
+def stub():
+    """The stub server on 127.0.0.1, in a thread; its `bodies` and in-flight maximum are
+    cleared before each test that uses `stub_url`."""
+    import uvicorn
+
+    state = Stub()
+    port = _free_port()
+    config = uvicorn.Config(
+        make_stub_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the stub server did not start")
+        time.sleep(0.05)
+    state.url = f"http://127.0.0.1:{port}"
+    try:
+        yield state
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def stub_url(stub) -> str:
+    stub.reset()
+    return stub.url
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    from cadence.loader.loader import resolve_model_path
+
+    try:
+        return resolve_model_path(None)
+    except (FileNotFoundError, ValueError) as e:
+        pytest.skip(f"no SmolLM2 checkpoint: {e}")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_dir):
+    from cadence.tokenizer import load_tokenizer
+
+    return load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def entrypoints_helpers() -> ModuleType:
+    """tests/entrypoints/conftest.py as a module of its own name (several conftest modules
+    share the name `conftest`, so `from conftest import Server` depends on import order)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "entrypoints", "conftest.py")
+    spec = importlib.util.spec_from_file_location("cadence_tests_entrypoints_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
