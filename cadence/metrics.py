@@ -127,6 +127,13 @@ class ServerMetrics:
         self._last_engine = (0, 0, 0, 0, 0, 0)  # cumulative engine counters last seen
         for m in (self.running, self.waiting, self.kv_usage):
             m.labels(model_name).set(0)
+        # Create every labelled series now, so /metrics lists them (at 0) from the start.
+        for m in (
+            self.prefix_queries, self.prefix_hits, self.prefix_requests, self.prefix_hit_requests,
+            self.prefix_evictions, self.preemptions, self.prompt_tokens, self.generation_tokens,
+            self.rejected, self.ttft, self.itl, self.e2e, self.queue_time,
+        ):
+            m.labels(model_name)
 
     def _l(self, metric):
         return metric.labels(self.model_name)

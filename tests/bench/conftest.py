@@ -1,5 +1,5 @@
 """Fixtures of the `cadence bench serve` tests: a scripted stub server, the SmolLM2
-tokenizer, and `Server` (tests/entrypoints/conftest.py's real-server helper).
+tokenizer, and `Server` (tests/entrypoints/server_helper.py, the real-server helper).
 
 The stub speaks the streaming OpenAI protocol and follows a script written in the prompt
 (completions) or the last message (chat), e.g. "ttft=150 itl=50": sleep 150 ms, send the
@@ -202,9 +202,10 @@ def tokenizer(smollm2_dir):
 
 @pytest.fixture(scope="session")
 def entrypoints_helpers() -> ModuleType:
-    """tests/entrypoints/conftest.py as a module of its own name (several conftest modules
-    share the name `conftest`, so `from conftest import Server` depends on import order)."""
-    path = os.path.join(os.path.dirname(os.path.dirname(__file__)), "entrypoints", "conftest.py")
+    """tests/entrypoints/server_helper.py (the real-server helper), loaded by its path."""
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(__file__)), "entrypoints", "server_helper.py"
+    )
     spec = importlib.util.spec_from_file_location("cadence_tests_entrypoints_helpers", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

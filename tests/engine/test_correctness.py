@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, hf_greedy, make_prompts
+from model_helpers import ARCHS, hf_greedy, make_prompts
 
 from cadence import LLM, SamplingParams
 

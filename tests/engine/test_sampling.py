@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import hf_greedy, make_prompts
+from model_helpers import hf_greedy, make_prompts
 
 from cadence import LLM, SamplingParams
 

@@ -2,73 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-
 import httpx
 import pytest
-
-API_KEY = "test-key-123"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, args: list[str], env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "cadence.cli.main", "serve", "--port", str(self.port), *args]
-        # CADENCE_TEST_SERVER_LOG=1 shows the server's log in the test output.
-        self.log = None if os.environ.get("CADENCE_TEST_SERVER_LOG") else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            cmd, env={**os.environ, **(env or {})}, stdout=self.log, stderr=self.log
-        )
-
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("server did not become healthy")
-
-    def engine_pid(self) -> int:
-        """The engine core process: the child of the server named cadence::engine."""
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if ppid == self.proc.pid and b"cadence::engine" in cmd:
-                return int(pid)
-        raise LookupError("no engine process")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+from server_helper import API_KEY, Server
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import time
 import httpx
 import openai
 import pytest
-from conftest import API_KEY
+from server_helper import API_KEY
 
 GREEDY = dict(temperature=0, max_tokens=24)
 
@@ -387,14 +387,14 @@ def test_prompt_plus_max_tokens_over_context(http, model_name):
     assert "context length" in err["message"]
     err = _is_error(
         http.post(
-            "/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 2047}
+            "/v1/completions", json={"model": model_name, "prompt": "hi", "max_tokens": 2048}
         ),
         400,
     )
     assert err["code"] == "context_length_exceeded"
 
 
-def test_malformed_json_and_unknown_model(http, model_name):
+def test_malformed_json_and_unknown_model(http, server, model_name):
     r = http.post(
         "/v1/completions", content=b'{"prompt": "x", ', headers={"content-type": "application/json"}
     )
@@ -403,7 +403,7 @@ def test_malformed_json_and_unknown_model(http, model_name):
     assert err["code"] == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         openai.OpenAI(
-            base_url=str(http.base_url) + "v1", api_key=API_KEY, max_retries=0
+            base_url=server.url + "/v1", api_key=API_KEY, max_retries=0
         ).completions.create(model="nope", prompt="x")
 
 

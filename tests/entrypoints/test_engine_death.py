@@ -9,7 +9,7 @@ import threading
 import time
 
 import httpx
-from conftest import Server
+from server_helper import Server
 
 
 def test_killing_the_engine_fails_in_flight_requests_and_health(tiny_model_dir):

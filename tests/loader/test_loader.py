@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import _build, hf_greedy, make_prompts
+from model_helpers import build_tiny, hf_greedy, make_prompts
 
 from cadence import LLM, SamplingParams
 from cadence.loader.loader import resolve_dtype
@@ -13,7 +13,7 @@ PARAMS = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 
 
 def test_sharded_checkpoint_loads_the_same(tiny_model_dir, tmp_path, hf_model):
-    config, cls = _build("qwen2")
+    config, cls = build_tiny("qwen2")
     torch.manual_seed(3)
     model = cls(config).eval()
     model.save_pretrained(tmp_path, max_shard_size="100KB")
