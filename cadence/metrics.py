@@ -129,9 +129,19 @@ class ServerMetrics:
             m.labels(model_name).set(0)
         # Create every labelled series now, so /metrics lists them (at 0) from the start.
         for m in (
-            self.prefix_queries, self.prefix_hits, self.prefix_requests, self.prefix_hit_requests,
-            self.prefix_evictions, self.preemptions, self.prompt_tokens, self.generation_tokens,
-            self.rejected, self.ttft, self.itl, self.e2e, self.queue_time,
+            self.prefix_queries,
+            self.prefix_hits,
+            self.prefix_requests,
+            self.prefix_hit_requests,
+            self.prefix_evictions,
+            self.preemptions,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.rejected,
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.queue_time,
         ):
             m.labels(model_name)
 
