@@ -18,18 +18,18 @@ class ModelConfig:
     tokenizer: str | None = None  # defaults to the model's
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     load_format: str = "auto"  # auto | dummy
-    seed: int = 0
+    seed: int = 0  # seed of the engine's random draws and of dummy weights
     max_model_len: int | None = None  # None: the model's own limit
-    skip_tokenizer_init: bool = False
-    trust_remote_code: bool = False
+    skip_tokenizer_init: bool = False  # load no tokenizer (prompts must be token ids)
+    trust_remote_code: bool = False  # accepted for vLLM compatibility; no remote code runs
 
 
 @dataclass
 class CacheConfig:
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: int | None = None  # bytes for the KV pool (CPU); None: a default
-    gpu_memory_utilization: float = 0.9
-    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory for weights + KV pool
+    num_gpu_blocks_override: int | None = None  # KV pool size in blocks (tests, any device)
     enable_prefix_caching: bool = True
     prefix_cache: str = "hash"  # hash (vLLM's block hash table) | radix (SGLang's tree)
 
@@ -37,7 +37,7 @@ class CacheConfig:
 @dataclass
 class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens per step
-    max_num_seqs: int = 256
+    max_num_seqs: int = 256  # sequences in one step at most
     max_model_len: int = 2048  # filled in from the model at start-up
     scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
     scheduling_aging_steps: int = 200  # cache-aware policies: steps before a request goes first

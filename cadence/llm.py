@@ -29,7 +29,7 @@ class LLM:
         self.tokenizer = None
         if not config.model.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(config.model.tokenizer or self.engine.runner.model_path)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, streaming=False)
         self._ids = itertools.count()
 
     # ---- public API -------------------------------------------------------------------

@@ -113,9 +113,14 @@ class RequestObserver(Protocol):
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, observer: RequestObserver | None = None) -> None:
+    def __init__(
+        self, tokenizer, observer: RequestObserver | None = None, streaming: bool = True
+    ) -> None:
+        """`streaming=False` (the offline API): text is decoded once at the end, unless a
+        request has stop strings, which need the text as it grows."""
         self.tokenizer = tokenizer
         self.observer = observer
+        self.streaming = streaming
         self.requests: dict[str, RequestState] = {}
         self._child: dict[str, tuple[RequestState, int]] = {}
 
@@ -189,10 +194,16 @@ class OutputProcessor:
                     entry_lp[tok] = lp
                     out.logprobs.append(entry_lp)
                     out.cumulative_logprob += lp
-            out.text += sample.detok.push(up.new_token_ids)
+            incremental = self.streaming or bool(state.params.stop)
+            if incremental:
+                out.text += sample.detok.push(up.new_token_ids)
             if up.finished:
                 out.finish_reason = up.finish_reason
                 out.stop_reason = up.stop_reason
+                if not incremental and self.tokenizer is not None:
+                    out.text = self.tokenizer.decode(
+                        out.token_ids, skip_special_tokens=state.params.skip_special_tokens
+                    )
             if state.params.stop and not out.finished:
                 hit = self._find_stop(state, out, len(up.new_token_ids))
                 if hit:
