@@ -429,3 +429,33 @@ def test_server_survives_all_of_the_above(http, client, model_name):
         ).usage.completion_tokens
         >= 1
     )
+
+
+def test_cadence_chat_streams_a_reply(server):
+    """`cadence chat` against the running server: a line in, a streamed reply out."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadence.cli.main",
+            "chat",
+            "--url",
+            server.url,
+            "--api-key",
+            API_KEY,
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+        ],
+        input="Say hello.\n\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()  # the streamed reply
+    assert "chatting with" in proc.stderr
