@@ -23,6 +23,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from cadence.cli.args import non_negative_int, positive_int
+
 # The `mixed` set: lengths uniform in these closed ranges.
 MIXED_INPUT_RANGE = (16, 512)
 MIXED_OUTPUT_RANGE = (16, 256)
@@ -113,13 +115,11 @@ def add_workload_args(parser: argparse.ArgumentParser, seed_flag: bool = False) 
         f"mixed: prompts {MIXED_INPUT_RANGE[0]}-{MIXED_INPUT_RANGE[1]} tokens, outputs "
         f"{MIXED_OUTPUT_RANGE[0]}-{MIXED_OUTPUT_RANGE[1]}, uniform (default: random)",
     )
-    g.add_argument("--num-prompts", type=_positive_int, default=64, help="(default: 64)")
+    g.add_argument("--num-prompts", type=positive_int, default=64, help="(default: 64)")
     g.add_argument(
-        "--input-len", type=_positive_int, default=128, help="prompt tokens (default: 128)"
+        "--input-len", type=positive_int, default=128, help="prompt tokens (default: 128)"
     )
-    g.add_argument(
-        "--output-len", type=_positive_int, default=128, help="new tokens (default: 128)"
-    )
+    g.add_argument("--output-len", type=positive_int, default=128, help="new tokens (default: 128)")
     g.add_argument(
         "--random-range-ratio",
         type=_ratio,
@@ -130,26 +130,6 @@ def add_workload_args(parser: argparse.ArgumentParser, seed_flag: bool = False) 
         g.add_argument(
             "--seed", type=int, default=0, help="seed of the prompt generator (default: 0)"
         )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
-    return value
 
 
 def _ratio(text: str) -> float:
@@ -346,21 +326,17 @@ def _workload_desc(args: argparse.Namespace) -> dict:
 
 def add_latency_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("workload")
-    g.add_argument("--batch-size", type=_positive_int, default=8, help="(default: 8)")
-    g.add_argument(
-        "--input-len", type=_positive_int, default=32, help="prompt tokens (default: 32)"
-    )
-    g.add_argument(
-        "--output-len", type=_positive_int, default=128, help="new tokens (default: 128)"
-    )
+    g.add_argument("--batch-size", type=positive_int, default=8, help="(default: 8)")
+    g.add_argument("--input-len", type=positive_int, default=32, help="prompt tokens (default: 32)")
+    g.add_argument("--output-len", type=positive_int, default=128, help="new tokens (default: 128)")
     g = parser.add_argument_group("run")
     g.add_argument(
         "--num-iters-warmup",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=1,
         help="untimed runs first (default: 1)",
     )
-    g.add_argument("--num-iters", type=_positive_int, default=3, help="timed runs (default: 3)")
+    g.add_argument("--num-iters", type=positive_int, default=3, help="timed runs (default: 3)")
     g.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
 
 

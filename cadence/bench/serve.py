@@ -39,8 +39,9 @@ from cadence.bench.datasets import (
     random_prompts,
     shared_prefix_prompts,
 )
-from cadence.bench.offline import _positive_int, _ratio
+from cadence.bench.offline import _ratio
 from cadence.bench.stats import RequestRecord, parse_slo, summarize, token_check
+from cadence.cli.args import non_negative_int, positive_float, positive_int
 
 if TYPE_CHECKING:
     import httpx
@@ -75,26 +76,6 @@ def _concurrency_list(text: str) -> list[int]:
     if len(set(values)) != len(values):
         raise argparse.ArgumentTypeError(f"{text!r} repeats a value")
     return values
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
-    return value
 
 
 def _slo(text: str) -> dict[str, float]:
@@ -147,13 +128,13 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--request-timeout",
-        type=_positive_float,
+        type=positive_float,
         default=600.0,
         help="seconds to wait for a response or the next chunk (default: 600)",
     )
     g.add_argument(
         "--ready-check-timeout-sec",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         help="wait up to this many seconds for the server to answer (default: 0, ask once)",
     )
@@ -169,20 +150,20 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--dataset-path", default=None, help="the JSONL file (--dataset-name jsonl)")
     d.add_argument(
         "--num-prompts",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help=f"requests per run (default: {DEFAULT_NUM_PROMPTS}; jsonl: every line)",
     )
     d.add_argument(
         "--random-input-len",
-        type=_positive_int,
+        type=positive_int,
         default=1024,
         help="random: prompt tokens (chat: of the user message; the template adds more) "
         "(default: 1024)",
     )
     d.add_argument(
         "--random-output-len",
-        type=_positive_int,
+        type=positive_int,
         default=128,
         help="random: max_tokens of each request (default: 128)",
     )
@@ -194,31 +175,31 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     )
     d.add_argument(
         "--prefix-repetition-num-prefixes",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         help="shared-prefix: G system prompts; each gets --num-prompts / G questions (default: 10)",
     )
     d.add_argument(
         "--prefix-repetition-prefix-len",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="shared-prefix: tokens of each system prompt (default: 256)",
     )
     d.add_argument(
         "--prefix-repetition-suffix-len",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="shared-prefix: tokens of each question (default: 256)",
     )
     d.add_argument(
         "--prefix-repetition-output-len",
-        type=_positive_int,
+        type=positive_int,
         default=128,
         help="shared-prefix: max_tokens of each request (default: 128)",
     )
     d.add_argument(
         "--custom-output-len",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="jsonl: max_tokens of lines that give none (default: 256)",
     )
@@ -226,7 +207,7 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("load")
     r.add_argument(
         "--max-concurrency",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="requests in flight at most (default: no limit)",
     )
@@ -239,20 +220,20 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
     )
     r.add_argument(
         "--request-rate",
-        type=_positive_float,
+        type=positive_float,
         default=math.inf,
         help="requests/s, arriving as a Poisson process (default: inf, all at once)",
     )
     r.add_argument(
         "--burstiness",
-        type=_positive_float,
+        type=positive_float,
         default=1.0,
         help="gamma shape of the arrival gaps: 1 is Poisson, below 1 burstier, above 1 "
         "steadier (default: 1)",
     )
     r.add_argument(
         "--num-warmups",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=1,
         help="untimed requests before the first run (default: 1)",
     )

@@ -195,3 +195,29 @@ def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     return kwargs
+
+
+def positive_int(text: str) -> int:
+    """An argparse `type`: an integer >= 1."""
+    return _number(text, int, lambda v: v >= 1, "positive")
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse `type`: an integer >= 0."""
+    return _number(text, int, lambda v: v >= 0, "non-negative")
+
+
+def positive_float(text: str) -> float:
+    """An argparse `type`: a number > 0."""
+    return _number(text, float, lambda v: v > 0, "positive")
+
+
+def _number(text: str, kind: type, ok, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value

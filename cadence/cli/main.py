@@ -15,7 +15,7 @@ import argparse
 import logging
 import sys
 
-from cadence.cli.args import add_engine_args, check_engine_args
+from cadence.cli.args import add_engine_args, check_engine_args, positive_int
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", help="the prompt text")
     g = gen.add_argument_group("generation")
     g.add_argument(
-        "--max-tokens", type=_positive_int, default=64, help="new tokens at most (default: 64)"
+        "--max-tokens", type=positive_int, default=64, help="new tokens at most (default: 64)"
     )
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     g.add_argument("--top-p", type=float, default=1.0, help="(default: 1)")
@@ -142,16 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(sv, "warning")
     sv.set_defaults(func=_cmd_bench_serve, parser=sv)
     return parser
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
 
 
 def _setup_logging(level: str) -> None:

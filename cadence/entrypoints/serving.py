@@ -258,16 +258,7 @@ class Serving:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(choices, usage_=None):
-            body = {
-                "id": base_id,
-                "object": "text_completion",
-                "created": created,
-                "model": self.model_name,
-                "choices": choices,
-            }
-            if usage_ is not None:
-                body["usage"] = usage_
-            return _sse(body)
+            return self._chunk(base_id, "text_completion", created, choices, usage_)
 
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             usage.prompt_tokens += len(prompt.token_ids)
@@ -374,16 +365,7 @@ class Serving:
         top = params.logprobs
 
         def chunk(choices, usage_=None):
-            body = {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": self.model_name,
-                "choices": choices,
-            }
-            if usage_ is not None:
-                body["usage"] = usage_
-            return _sse(body)
+            return self._chunk(rid, "chat.completion.chunk", created, choices, usage_)
 
         for i in range(params.n):
             yield chunk(
@@ -451,6 +433,19 @@ class Serving:
             )
             yield chunk([], usage.model_dump(exclude_none=True))
         yield "data: [DONE]\n\n"
+
+    def _chunk(self, rid: str, obj: str, created: int, choices: list, usage: dict | None) -> str:
+        """One SSE event of a stream."""
+        body = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": self.model_name,
+            "choices": choices,
+        }
+        if usage is not None:
+            body["usage"] = usage
+        return _sse(body)
 
     # ---- logprobs formats -------------------------------------------------------------
 
