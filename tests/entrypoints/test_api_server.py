@@ -300,6 +300,13 @@ def test_disconnect_mid_stream_frees_blocks(server, http, model_name):
         for i, _ in enumerate(r.iter_lines()):
             if i > 10:
                 break
+        # The gauges follow the engine's messages: give them a moment to agree.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            busy = metric(http, "cadence:num_requests_running") == 1
+            if busy and metric(http, "cadence:kv_cache_usage_perc") > 0:
+                break
+            time.sleep(0.05)
         assert metric(http, "cadence:num_requests_running") == 1
         assert metric(http, "cadence:kv_cache_usage_perc") > 0
     deadline = time.monotonic() + 10
