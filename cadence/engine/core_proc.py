@@ -117,7 +117,9 @@ class EngineLoop:
                 except ValueError as e:
                     self.errors.append((req.request_id, str(e)))
             elif kind == P.ABORT:
-                self.core.abort(P.abort_decoder.decode(payload))
+                ids = P.abort_decoder.decode(payload)
+                logger.debug("abort %s", ids)
+                self.core.abort(ids)
             elif kind == P.SHUTDOWN:
                 self.running = False
                 return
