@@ -27,7 +27,7 @@ import msgspec
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
 from cadence.core.policies import make_policy
-from cadence.core.request import Request, RequestStatus
+from cadence.core.request import FINISH_REASONS, Request, RequestStatus
 from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -318,7 +318,7 @@ class Scheduler:
                     rid,
                     [token],
                     [lp] if lp is not None else None,
-                    finish_reason=None if status is None else _reason(status),
+                    finish_reason=None if status is None else FINISH_REASONS[status],
                     stop_reason=req.stop_reason,
                     num_cached_tokens=req.num_cached_prompt_tokens,
                     first_scheduled_time=req.first_scheduled_time
@@ -360,11 +360,3 @@ class Scheduler:
             prefix_hit_requests=self.kv.stats.hit_requests,
             prefix_evictions=self.kv.pool.num_evictions,
         )
-
-
-def _reason(status: RequestStatus) -> str:
-    return {
-        RequestStatus.FINISHED_STOPPED: "stop",
-        RequestStatus.FINISHED_LENGTH: "length",
-        RequestStatus.FINISHED_ABORTED: "abort",
-    }[status]

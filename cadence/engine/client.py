@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
-import os
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -124,6 +124,7 @@ class AsyncEngineClient:
         self.to_core.close(linger=0)
         self.from_core.close(linger=0)
         self.ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)  # the two ipc socket files
 
     @property
     def engine_pid(self) -> int | None:
@@ -225,9 +226,3 @@ class AsyncEngineClient:
                     stream.error = EngineDeadError(self.dead_reason)
                     stream.event.set()
                 return
-
-
-def cleanup_ipc_dir(path: str) -> None:
-    for name in ("in", "out"):
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(path, name))
