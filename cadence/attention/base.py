@@ -15,6 +15,7 @@ KV cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim].
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +35,7 @@ class AttentionMetadata:
     backend_data: object = None  # whatever the backend precomputed in build()
 
 
-class AttentionBackend:
+class AttentionBackend(abc.ABC):
     """Subclasses fill in `build` (once a step) and `forward` (once a layer)."""
 
     name = "base"
@@ -42,6 +43,7 @@ class AttentionBackend:
     def build(self, meta: AttentionMetadata) -> AttentionMetadata:
         return meta
 
+    @abc.abstractmethod
     def forward(
         self,
         q: torch.Tensor,  # [T, Hq, D]
@@ -51,4 +53,4 @@ class AttentionBackend:
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
-        raise NotImplementedError
+        """Write k/v into their slots, then attend each query token to its context."""
