@@ -262,19 +262,10 @@ class Serving:
 
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             usage.prompt_tokens += len(prompt.token_ids)
-            sent_tokens = [0] * p.n
-            final_sent = [False] * p.n
+            cursor = _StreamCursor(self.client.output_processor, p.n)
             echoed = [not req.echo] * p.n
             async for state in self._run(f"{base_id}-{i}", prompt, p, req.priority):
-                for s in state.samples:
-                    out = s.output
-                    if final_sent[out.index]:
-                        continue
-                    delta = self.client.output_processor.streamable_text(state, out.index)
-                    new_ids = out.token_ids[sent_tokens[out.index] :]
-                    finished = out.finish_reason is not None
-                    if not delta and not new_ids and not finished:
-                        continue
+                for out, delta, new_ids, new_lps, finished in cursor.deltas(state):
                     if not echoed[out.index]:
                         delta = (
                             prompt.text
@@ -284,12 +275,7 @@ class Serving:
                         echoed[out.index] = True
                     lp = None
                     if req.logprobs is not None and new_ids:
-                        start = sent_tokens[out.index]
-                        lp = self._completion_logprobs(
-                            new_ids, out.logprobs[start : start + len(new_ids)], req.logprobs
-                        )
-                    sent_tokens[out.index] = len(out.token_ids)
-                    final_sent[out.index] = finished
+                        lp = self._completion_logprobs(new_ids, new_lps, req.logprobs)
                     yield chunk(
                         [
                             {
@@ -378,28 +364,13 @@ class Serving:
                     }
                 ]
             )
-        sent_tokens = [0] * params.n
-        final_sent = [False] * params.n
+        cursor = _StreamCursor(self.client.output_processor, params.n)
         state = None
         async for state in self._run(rid, prompt, params, req.priority):
-            for s in state.samples:
-                out = s.output
-                if final_sent[out.index]:
-                    continue
-                delta = self.client.output_processor.streamable_text(state, out.index)
-                new_ids = out.token_ids[sent_tokens[out.index] :]
-                finished = out.finish_reason is not None
-                if not delta and not new_ids and not finished:
-                    continue
+            for out, delta, new_ids, new_lps, finished in cursor.deltas(state):
                 lp = None
                 if req.logprobs and new_ids:
-                    start = sent_tokens[out.index]
-                    lp = {
-                        "content": self._chat_logprobs(
-                            new_ids, out.logprobs[start : start + len(new_ids)], top
-                        )
-                    }
-                sent_tokens[out.index] = len(out.token_ids)
+                    lp = {"content": self._chat_logprobs(new_ids, new_lps, top)}
                 if delta or lp:
                     yield chunk(
                         [
@@ -412,7 +383,6 @@ class Serving:
                         ]
                     )
                 if finished:
-                    final_sent[out.index] = True
                     yield chunk(
                         [
                             {
@@ -496,6 +466,36 @@ class Serving:
                 }
             )
         return content
+
+
+class _StreamCursor:
+    """What each sample of a streamed request has not been sent yet."""
+
+    def __init__(self, output_processor, n: int) -> None:
+        self.output_processor = output_processor
+        self.sent_tokens = [0] * n
+        self.final_sent = [False] * n
+
+    def deltas(self, state: RequestState):
+        """Yield (output, new text, new token ids, their logprobs, finished) per sample
+        that has news; each sample's finish is reported once."""
+        for s in state.samples:
+            out = s.output
+            i = out.index
+            if self.final_sent[i]:
+                continue
+            delta = self.output_processor.streamable_text(state, i)
+            start = self.sent_tokens[i]
+            new_ids = out.token_ids[start:]
+            finished = out.finish_reason is not None
+            if not delta and not new_ids and not finished:
+                continue
+            new_lps = (
+                out.logprobs[start : start + len(new_ids)] if out.logprobs is not None else None
+            )
+            self.sent_tokens[i] = len(out.token_ids)
+            self.final_sent[i] = finished
+            yield out, delta, new_ids, new_lps, finished
 
 
 def _finish(reason: str | None) -> str | None:
