@@ -4,6 +4,7 @@ EngineConfig
   model:     ModelConfig      what to load and in which dtype
   cache:     CacheConfig      block size, pool size, prefix caching
   scheduler: SchedulerConfig  token budget, sequence cap, context length
+  structured: StructuredOutputsConfig  grammar compile threads, cache, jump-forward
 """
 
 from __future__ import annotations
@@ -44,10 +45,18 @@ class SchedulerConfig:
 
 
 @dataclass
+class StructuredOutputsConfig:
+    jump_forward: bool = True  # append tokens a grammar forces without sampling them
+    grammar_cache_size: int = 256  # compiled grammars kept (LRU)
+    grammar_compile_threads: int = 2  # worker threads compiling grammars off the loop
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto | torch
     check_kv_integrity: bool = False  # after every step (tests)
@@ -83,13 +92,21 @@ class EngineConfig:
         from cadence.core.policies import make_policy
 
         make_policy(s.scheduling_policy, s.scheduling_aging_steps)  # raises on a bad name
+        st = self.structured
+        if st.grammar_cache_size < 1 or st.grammar_compile_threads < 1:
+            raise ValueError("grammar_cache_size and grammar_compile_threads must be positive")
         if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
             raise ValueError(f"unknown load_format {self.model.load_format!r}")
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
         """Build from flat keyword arguments (as `LLM(...)` and the CLI take them)."""
-        parts = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+        parts = {
+            "model": ModelConfig,
+            "cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "structured": StructuredOutputsConfig,
+        }
         sub: dict[str, dict] = {k: {} for k in parts}
         top: dict = {}
         top_names = {f.name for f in dataclasses.fields(cls)} - set(parts)

@@ -16,6 +16,7 @@ from cadence.engine.core import EngineCore
 from cadence.engine.output_processor import OutputProcessor, sample_params
 from cadence.outputs import RequestOutput
 from cadence.sampling_params import SamplingParams
+from cadence.structured.grammar import to_grammar
 from cadence.tokenizer import load_tokenizer
 
 PromptType = str | list[int] | dict
@@ -60,6 +61,8 @@ class LLM:
             text, ids = self._tokenize(prompt)
             params = _copy(params)
             params.verify(self.engine.vocab_size)
+            if params.structured_outputs is not None:
+                to_grammar(params.structured_outputs)  # a bad schema raises here, adds nothing
             prepared.append((text, ids, params, priority[i] if priority else 0))
         request_ids = []
         try:
@@ -166,6 +169,9 @@ class LLM:
         try:
             while pending:
                 updates = self.engine.step()
+                failed = self.engine.take_failed()
+                if failed:
+                    raise ValueError(f"request {failed[0][0]}: {failed[0][1]}")
                 changed, to_stop = self.output_processor.process(updates)
                 if to_stop:
                     self.engine.finish(to_stop)

@@ -96,6 +96,27 @@ class ServerMetrics:
             labels,
             registry=r,
         )
+        self.structured_requests = Counter(
+            "cadence:structured_output_requests",
+            "Sequences with a grammar (JSON schema, regex, choice, EBNF)",
+            labels,
+            registry=r,
+        )
+        self.grammar_compiles = Counter(
+            "cadence:grammar_compiles", "Grammars compiled (cache misses)", labels, registry=r
+        )
+        self.grammar_cache_hits = Counter(
+            "cadence:grammar_cache_hits",
+            "Constrained sequences whose grammar was already compiled or compiling",
+            labels,
+            registry=r,
+        )
+        self.jump_forward_tokens = Counter(
+            "cadence:jump_forward_tokens",
+            "Tokens a grammar forced, appended without sampling",
+            labels,
+            registry=r,
+        )
         self.ttft = Histogram(
             "cadence:time_to_first_token_seconds",
             "Time to first token",
@@ -124,7 +145,20 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self._last_engine = (0, 0, 0, 0, 0, 0)  # cumulative engine counters last seen
+        # EngineStats field -> the counter it feeds (the engine sends running totals).
+        self._engine_counters = {
+            "prefix_queries": self.prefix_queries,
+            "prefix_hits": self.prefix_hits,
+            "num_preemptions": self.preemptions,
+            "prefix_requests": self.prefix_requests,
+            "prefix_hit_requests": self.prefix_hit_requests,
+            "prefix_evictions": self.prefix_evictions,
+            "structured_requests": self.structured_requests,
+            "grammar_compiles": self.grammar_compiles,
+            "grammar_cache_hits": self.grammar_cache_hits,
+            "jump_forward_tokens": self.jump_forward_tokens,
+        }
+        self._last_engine = dict.fromkeys(self._engine_counters, 0)
         for m in (self.running, self.waiting, self.kv_usage):
             m.labels(model_name).set(0)
         # Create every labelled series now, so /metrics lists them (at 0) from the start.
@@ -135,6 +169,7 @@ class ServerMetrics:
             self.prefix_hit_requests,
             self.prefix_evictions,
             self.preemptions,
+            *self._engine_counters.values(),
             self.prompt_tokens,
             self.generation_tokens,
             self.rejected,
@@ -152,25 +187,10 @@ class ServerMetrics:
         self._l(self.running).set(stats.num_running)
         self._l(self.waiting).set(stats.num_waiting)
         self._l(self.kv_usage).set(stats.kv_usage)
-        now = (
-            stats.prefix_queries,
-            stats.prefix_hits,
-            stats.num_preemptions,
-            stats.prefix_requests,
-            stats.prefix_hit_requests,
-            stats.prefix_evictions,
-        )
-        counters = (
-            self.prefix_queries,
-            self.prefix_hits,
-            self.preemptions,
-            self.prefix_requests,
-            self.prefix_hit_requests,
-            self.prefix_evictions,
-        )
-        for counter, new, old in zip(counters, now, self._last_engine):
-            self._l(counter).inc(max(0, new - old))
-        self._last_engine = now
+        for name, counter in self._engine_counters.items():
+            new = getattr(stats, name)
+            self._l(counter).inc(max(0, new - self._last_engine[name]))
+            self._last_engine[name] = new
 
     # RequestObserver
     def on_first_token(self, ttft: float, queue_time: float | None, num_prompt_tokens: int) -> None:

@@ -7,9 +7,67 @@ the queue, so a bad value is a clear `ValueError` for that request alone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # Past this, a temperature is treated as greedy (a division by ~0 would give inf logits).
 _GREEDY_EPS = 1e-5
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What the output must match: exactly one of json, json_object, regex, choice, grammar.
+
+    `json` is a JSON schema (a dict or its JSON text). `grammar` is EBNF in xgrammar's
+    GBNF-style dialect (`root ::= ...`); a Lark grammar is accepted too. By default JSON is
+    written without free whitespace (one space after `:` and `,`): small models otherwise
+    loop on newlines until max_tokens. `any_whitespace=True` allows any whitespace between
+    JSON tokens, bounded by `max_whitespace` characters per run when that is set.
+    """
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    any_whitespace: bool = False
+    max_whitespace: int | None = None
+
+    @property
+    def kind(self) -> str:
+        kinds = [
+            name
+            for name, given in (
+                ("json", self.json is not None),
+                ("json_object", self.json_object),
+                ("regex", self.regex is not None),
+                ("choice", self.choice is not None),
+                ("grammar", self.grammar is not None),
+            )
+            if given
+        ]
+        if len(kinds) != 1:
+            raise ValueError(
+                "structured outputs take exactly one of json, json_object, regex, choice, "
+                f"grammar; got {', '.join(kinds) if kinds else 'none'}"
+            )
+        return kinds[0]
+
+    def verify(self) -> None:
+        kind = self.kind
+        if kind == "choice" and (
+            not self.choice or not all(isinstance(c, str) and c for c in self.choice)
+        ):
+            raise ValueError("choice must be a non-empty list of non-empty strings")
+        if kind == "json" and not isinstance(self.json, dict | str):
+            raise ValueError("json must be a JSON schema (an object or its JSON text)")
+        if kind in ("regex", "grammar") and not getattr(self, kind).strip():
+            raise ValueError(f"{kind} must not be empty")
+        if self.max_whitespace is not None and (
+            not isinstance(self.max_whitespace, int) or self.max_whitespace < 0
+        ):
+            raise ValueError(
+                f"max_whitespace must be a non-negative integer, got {self.max_whitespace!r}"
+            )
 
 
 @dataclass
@@ -32,10 +90,13 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and top k
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # constrain the output
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k is None or self.top_k < 0:
@@ -89,6 +150,8 @@ class SamplingParams:
                 raise ValueError(f"logit_bias names token {tid}, outside the vocabulary")
             if not -100.0 <= float(bias) <= 100.0:
                 raise ValueError(f"logit_bias for token {tid} must be in [-100, 100], got {bias}")
+        if self.structured_outputs is not None:
+            self.structured_outputs.verify()
 
     @property
     def needs_penalties(self) -> bool:

@@ -22,12 +22,19 @@ import re
 import types
 import typing
 
-from cadence.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from cadence.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    StructuredOutputsConfig,
+)
 
 _SECTIONS: tuple[tuple[str, type], ...] = (
     ("model", ModelConfig),
     ("cache", CacheConfig),
     ("scheduler", SchedulerConfig),
+    ("structured", StructuredOutputsConfig),
     ("engine", EngineConfig),
 )
 
@@ -129,6 +136,7 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
         "model": parser.add_argument_group("model"),
         "cache": parser.add_argument_group("KV cache"),
         "scheduler": parser.add_argument_group("scheduler"),
+        "structured": parser.add_argument_group("structured outputs"),
         "engine": parser.add_argument_group("engine"),
     }
     if positional_model:

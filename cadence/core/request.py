@@ -7,7 +7,10 @@ Token bookkeeping, in tokens (not blocks):
     [num_computed_tokens, num_tokens)  still to run through the model
 
 Decoding, exactly one token is not computed (the one sampled last step). While a prompt is
-being prefilled in chunks, many are, and no token is sampled until the last chunk.
+being prefilled in chunks, many are, and no token is sampled until the last chunk. Tokens a
+grammar forces (jump-forward) join output_token_ids without being sampled: the next step
+computes them with the last sampled one, like a short prefill chunk. The worker learns of
+them from `unsent_token_ids` (it appends sampled tokens itself).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ class Request:
         self.first_scheduled_time: float | None = None
         self.enqueue_step = 0  # scheduler step at which it last joined the waiting queue
         self.stop_reason: int | None = None  # the stop token id that ended it, if any
+        self.unsent_token_ids: list[int] = []  # forced tokens the worker has not been sent
         # Chained hashes of every full block of all_token_ids, extended as tokens arrive.
         self._block_hasher = block_hasher
         self.block_hashes: list[bytes] = []
@@ -86,10 +90,16 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.finished
 
-    def append_output_token(self, token_id: int) -> None:
+    def append_output_token(self, token_id: int, sampled: bool = True) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if not sampled:
+            self.unsent_token_ids.append(token_id)
         self.update_block_hashes()
+
+    def take_unsent_tokens(self) -> list[int]:
+        out, self.unsent_token_ids = self.unsent_token_ids, []
+        return out
 
     def update_block_hashes(self) -> None:
         if self._block_hasher is not None:

@@ -53,6 +53,7 @@ class CachedRequestData:
     new_block_ids: list[int]
     num_computed_tokens: int
     resumed: bool  # back from preemption: new_block_ids replace the old ones
+    new_token_ids: list[int] = field(default_factory=list)  # forced by a grammar, unsampled
 
 
 @dataclass
@@ -72,11 +73,16 @@ class SchedulerOutput:
 
 @dataclass
 class SampledTokens:
-    """What the worker returns for one step: a token per request that reached its end."""
+    """What the worker returns for one step: a token per request that reached its end.
+
+    The engine core adds what the grammars said: tokens forced after the sampled one
+    (jump-forward), and requests whose grammar is complete (they stop)."""
 
     sampled: dict[str, int] = field(default_factory=dict)
     # request id -> (sampled token's logprob, [(token id, logprob)] of the top N)
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
+    forced: dict[str, list[int]] = field(default_factory=dict)
+    grammar_done: set[str] = field(default_factory=set)
 
 
 class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -224,10 +230,12 @@ class Scheduler:
                         self.kv.get_block_ids(req.request_id),
                         req.num_computed_tokens,
                         resumed=was_preempted,
+                        new_token_ids=req.take_unsent_tokens(),
                     )
                 )
             else:
                 self._seen_by_worker.add(req.request_id)
+                req.take_unsent_tokens()  # output_token_ids below carries them
                 out.new_requests.append(
                     NewRequestData(
                         req.request_id,
@@ -240,8 +248,15 @@ class Scheduler:
                 )
 
         for rid, ids in new_blocks.items():
+            req = self.requests[rid]
             out.cached_requests.append(
-                CachedRequestData(rid, ids, self.requests[rid].num_computed_tokens, resumed=False)
+                CachedRequestData(
+                    rid,
+                    ids,
+                    req.num_computed_tokens,
+                    resumed=False,
+                    new_token_ids=req.take_unsent_tokens(),
+                )
             )
         preempted += priority_preempted
         out.preempted_ids = [r.request_id for r in preempted if r.status == RequestStatus.PREEMPTED]
@@ -310,19 +325,28 @@ class Scheduler:
             req.append_output_token(token)
             lp = result.logprobs.get(rid)
             status = self._check_stop(req, token)
+            new_tokens = [token]
+            if status is None and rid in result.grammar_done:
+                status = RequestStatus.FINISHED_STOPPED  # the grammar matched in full
+            for forced in result.forced.get(rid, ()) if status is None else ():
+                req.append_output_token(forced, sampled=False)
+                new_tokens.append(forced)
+                status = self._check_stop(req, forced)
+                if status is not None:
+                    break
             if status is not None:
                 self.running.remove(req)
                 self._finish(req, status)
             updates.append(
                 RequestUpdate(
                     rid,
-                    [token],
+                    new_tokens,
                     [lp] if lp is not None else None,
                     finish_reason=None if status is None else FINISH_REASONS[status],
                     stop_reason=req.stop_reason,
                     num_cached_tokens=req.num_cached_prompt_tokens,
                     first_scheduled_time=req.first_scheduled_time
-                    if req.num_output_tokens == 1
+                    if req.num_output_tokens == len(new_tokens)
                     else None,
                 )
             )

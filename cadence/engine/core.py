@@ -2,8 +2,14 @@
 
     step():
         sched   = scheduler.schedule()        who runs, how many tokens, which blocks
-        sampled = runner.execute(sched)       one forward pass + sampling
+        out     = runner.execute_model(sched) the forward pass (queued, on a GPU)
+        masks   = grammars.fill_bitmask(...)  structured outputs, on the CPU meanwhile
+        sampled = runner.sample(out, masks)
+        grammars.advance(...)                 accept tokens; forced tokens (jump-forward)
         updates = scheduler.update(sched, sampled)   append tokens, stop, free
+
+A request with structured outputs waits outside the scheduler until its grammar compiled
+(on a worker thread), so a slow schema delays only its own request.
 
 The offline `LLM` drives this class in-process; the server runs it in its own process
 behind a ZMQ socket. Requests arrive as token ids; text never reaches the core.
@@ -19,6 +25,7 @@ from cadence.core.kv_cache import KVCacheManager, make_block_hasher
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import RequestUpdate, Scheduler, SchedulerStats
 from cadence.sampling_params import SamplingParams
+from cadence.structured.manager import GrammarManager
 from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -53,6 +60,18 @@ class EngineCore:
         self._hasher = make_block_hasher(cache.block_size) if hashed else None
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
+        sc = config.structured
+        self.grammars = GrammarManager(
+            None
+            if config.model.skip_tokenizer_init
+            else (config.model.tokenizer or self.runner.model_path),
+            self.vocab_size,
+            self.eos_token_ids,
+            sc.grammar_cache_size,
+            sc.grammar_compile_threads,
+        )
+        self._awaiting_grammar: dict[str, Request] = {}
+        self._failed: list[tuple[str, str]] = []  # (request id, why): grammars that failed
         cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
         logger.info(
             "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s)",
@@ -96,28 +115,83 @@ class EngineCore:
             priority,
             self._hasher,
         )
-        self.scheduler.add_request(req)
+        if params.structured_outputs is not None:
+            if request_id in self.scheduler.requests or request_id in self._awaiting_grammar:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._awaiting_grammar[request_id] = req
+            self.grammars.submit(request_id, params.structured_outputs)
+        else:
+            self.scheduler.add_request(req)
         return req
 
     def abort(self, request_ids: list[str]) -> None:
-        self.scheduler.abort_requests(request_ids)
+        for rid in request_ids:
+            if self._awaiting_grammar.pop(rid, None) is not None:
+                self.grammars.remove(rid)
+        for req in self.scheduler.abort_requests(request_ids):
+            self.grammars.remove(req.request_id)
 
     def finish(self, request_ids: list[str]) -> None:
         """End requests as stopped (the output processor saw a stop string)."""
-        self.scheduler.abort_requests(request_ids, RequestStatus.FINISHED_STOPPED)
+        for req in self.scheduler.abort_requests(request_ids, RequestStatus.FINISHED_STOPPED):
+            self.grammars.remove(req.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
+
+    def take_failed(self) -> list[tuple[str, str]]:
+        """(request id, error) of requests dropped since the last call: their grammar did
+        not compile. They produce no RequestUpdate."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def step(self) -> list[RequestUpdate]:
+        if self._awaiting_grammar:
+            self._admit_compiled()
         sched = self.scheduler.schedule()
+        for rid in sched.finished_ids:
+            self.grammars.remove(rid)
         if sched.is_empty and not sched.finished_ids:
             return []
-        sampled = self.runner.execute(sched)
+        model_out = self.runner.execute_model(sched)
+        # Filled while the device runs the forward pass (CUDA kernels are queued).
+        bitmask = (
+            self.grammars.fill_bitmask(model_out.sample_ids) if self.grammars.matchers else None
+        )
+        sampled = self.runner.sample(model_out, bitmask)
+        if bitmask is not None:
+            self._advance_grammars(sampled)
         updates = self.scheduler.update(sched, sampled)
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
 
+    def _admit_compiled(self) -> None:
+        """Move requests whose grammar is ready into the scheduler. With nothing else to
+        run, wait briefly for a compile instead of spinning."""
+        idle = not self.scheduler.has_unfinished_requests()
+        ready, failed = self.grammars.poll(timeout=0.01 if idle else 0.0)
+        for rid in ready:
+            self.scheduler.add_request(self._awaiting_grammar.pop(rid))
+        for rid, why in failed:
+            self._awaiting_grammar.pop(rid, None)
+            self._failed.append((rid, why))
+
+    def _advance_grammars(self, sampled) -> None:
+        jump = self.config.structured.jump_forward
+        for rid, token in sampled.sampled.items():
+            req = self.scheduler.requests.get(rid)
+            if req is None or rid not in self.grammars.matchers:
+                continue
+            params = req.sampling_params
+            # Forced tokens have no logprobs of their own: no jump when they are wanted.
+            done, forced = self.grammars.advance(rid, token, jump and params.logprobs is None)
+            if done:
+                sampled.grammar_done.add(rid)
+            elif forced:
+                sampled.forced[rid] = forced
+
     def stats(self) -> SchedulerStats:
-        return self.scheduler.stats()
+        stats = self.scheduler.stats()
+        stats.num_waiting += len(self._awaiting_grammar)  # waiting for their grammar
+        return stats

@@ -94,6 +94,7 @@ class EngineLoop:
             if not self.running:
                 break
             updates = self.core.step() if self.core.has_unfinished_requests() else []
+            self.errors.extend(self.core.take_failed())
             self._send(updates)
             if not busy and os.getppid() != self.parent_pid:
                 logger.warning("API server process is gone; engine exiting")
@@ -130,6 +131,7 @@ class EngineLoop:
         if not (updates or self.errors or self._stats_dirty):
             return
         s = self.core.stats()
+        g = self.core.grammars.stats
         stats = P.EngineStats(
             s.num_running,
             s.num_waiting,
@@ -141,6 +143,10 @@ class EngineLoop:
             s.prefix_requests,
             s.prefix_hit_requests,
             s.prefix_evictions,
+            g.requests,
+            g.compiles,
+            g.cache_hits,
+            g.jump_forward_tokens,
         )
         self.outbox.send(
             P.encoder.encode(P.EngineCoreOutputs(updates, self.errors, stats, time.time()))

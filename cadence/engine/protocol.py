@@ -41,6 +41,10 @@ class EngineStats(msgspec.Struct, array_like=True):
     prefix_requests: int = 0  # cumulative
     prefix_hit_requests: int = 0  # cumulative
     prefix_evictions: int = 0  # cumulative blocks
+    structured_requests: int = 0  # cumulative, below: grammar manager's
+    grammar_compiles: int = 0
+    grammar_cache_hits: int = 0
+    jump_forward_tokens: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

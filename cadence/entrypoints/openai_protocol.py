@@ -3,17 +3,24 @@
 Unknown fields are accepted and ignored, as OpenAI clients send extras freely; values out
 of range are 400s. Extensions (top_k, min_p, repetition_penalty, ignore_eos, min_tokens,
 priority, ...) follow vLLM's names.
+
+Structured outputs come three ways, all ending in one StructuredOutputsParams:
+`response_format` (OpenAI: json_object / json_schema), `structured_outputs` (vLLM's object:
+json | regex | choice | grammar | json_object) and vLLM's older `guided_json`,
+`guided_regex`, `guided_choice`, `guided_grammar`. Giving more than one is a 400.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from cadence.sampling_params import SamplingParams
+from cadence.entrypoints.tool_calls import ChatTool, ToolChoice
+from cadence.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_STOP_STRINGS = 16
 
@@ -29,6 +36,34 @@ class _Base(BaseModel):
 class StreamOptions(_Base):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(_Base):
+    name: str | None = None
+    description: str | None = None
+    # `schema` shadows a BaseModel attribute, hence the alias.
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Base):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(_Base):
+    """vLLM's `structured_outputs` object; set exactly one of the first five."""
+
+    json_: dict[str, Any] | str | bool | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    # Whitespace between JSON tokens: none by default (see StructuredOutputsParams).
+    any_whitespace: bool | None = None
+    disable_any_whitespace: bool | None = None  # vLLM's name for the opposite
+    max_whitespace: Annotated[int, Field(ge=0)] | None = None
+    whitespace_pattern: str | None = None
 
 
 class _SamplingFields(_Base):
@@ -54,6 +89,13 @@ class _SamplingFields(_Base):
     priority: int = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -93,7 +135,84 @@ class _SamplingFields(_Base):
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            structured_outputs=self.structured_params(),
         )
+
+    def structured_params(self) -> StructuredOutputsParams | None:
+        """The one output constraint this request asks for, if any (ValueError if many)."""
+        found: list[tuple[str, StructuredOutputsParams]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            found.append(("response_format", StructuredOutputsParams(json_object=True)))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.json_schema is None:
+                raise ValueError("response_format json_schema needs json_schema.schema")
+            schema = rf.json_schema.json_schema
+            found.append(("response_format", _schema_params(schema)))
+        so = self.structured_outputs
+        if so is not None:
+            kinds = {
+                "json": so.json_ is not None,
+                "regex": so.regex is not None,
+                "choice": so.choice is not None,
+                "grammar": so.grammar is not None,
+                "json_object": bool(so.json_object),
+            }
+            if sum(kinds.values()) != 1:
+                given = [k for k, v in kinds.items() if v]
+                raise ValueError(
+                    "structured_outputs takes exactly one of json, regex, choice, grammar, "
+                    f"json_object; got {', '.join(given) or 'none'}"
+                )
+            if so.whitespace_pattern is not None:
+                raise ValueError(
+                    "structured_outputs.whitespace_pattern is not supported; use any_whitespace "
+                    "and max_whitespace"
+                )
+            any_ws = bool(so.any_whitespace)
+            if so.disable_any_whitespace is not None:
+                any_ws = not so.disable_any_whitespace
+            params = (
+                _schema_params(so.json_)
+                if so.json_ is not None
+                else StructuredOutputsParams(
+                    regex=so.regex,
+                    choice=so.choice,
+                    grammar=so.grammar,
+                    json_object=bool(so.json_object),
+                )
+            )
+            params.any_whitespace = any_ws
+            params.max_whitespace = so.max_whitespace
+            found.append(("structured_outputs", params))
+        if self.guided_whitespace_pattern is not None:
+            raise ValueError("guided_whitespace_pattern is not supported")
+        for name, kwargs in (
+            ("guided_json", None if self.guided_json is None else "json"),
+            ("guided_regex", None if self.guided_regex is None else "regex"),
+            ("guided_choice", None if self.guided_choice is None else "choice"),
+            ("guided_grammar", None if self.guided_grammar is None else "grammar"),
+        ):
+            if kwargs is None:
+                continue
+            value = getattr(self, name)
+            if kwargs == "json":
+                found.append((name, _schema_params(value)))
+            else:
+                found.append((name, StructuredOutputsParams(**{kwargs: value})))
+        if len(found) > 1:
+            raise ValueError(
+                "give one output constraint, not several: " + ", ".join(n for n, _ in found)
+            )
+        return found[0][1] if found else None
+
+
+def _schema_params(schema: dict[str, Any] | str | bool) -> StructuredOutputsParams:
+    if schema is True:
+        return StructuredOutputsParams(json=json.dumps(True))
+    if schema is False:
+        raise ValueError("the JSON schema `false` matches nothing")
+    return StructuredOutputsParams(json=schema)
 
 
 class CompletionRequest(_SamplingFields):
@@ -139,6 +258,9 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(_Base):

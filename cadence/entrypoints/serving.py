@@ -17,7 +17,19 @@ from cadence.entrypoints.openai_protocol import (
     now,
     random_id,
 )
+from cadence.entrypoints.tool_calls import (
+    ToolCallStream,
+    ToolPlan,
+    conversation_for_template,
+    message_from_output,
+    plan_tools,
+    render_without_template_support,
+    template_supports_tools,
+    tools_for_template,
+)
+from cadence.entrypoints.tool_calls import finish_reason as tool_finish_reason
 from cadence.sampling_params import SamplingParams
+from cadence.structured.grammar import to_grammar
 
 
 class APIError(Exception):
@@ -152,8 +164,15 @@ class Serving:
         return ids
 
     def chat_prompt(
-        self, messages, add_generation_prompt=True, continue_final=False, kwargs=None
+        self,
+        messages,
+        add_generation_prompt=True,
+        continue_final=False,
+        kwargs=None,
+        tools: list | None = None,
     ) -> list[int]:
+        """Token ids of the conversation through the chat template; `tools` (ChatTool list)
+        go to a template that knows tools, or into the system message of one that does not."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise APIError("this model has no chat template; use /v1/completions")
         conv = []
@@ -161,14 +180,26 @@ class Serving:
             entry = {"role": m.role, "content": m.text()}
             if m.name:
                 entry["name"] = m.name
+            if m.tool_calls:
+                entry["tool_calls"] = m.tool_calls
+            if m.tool_call_id:
+                entry["tool_call_id"] = m.tool_call_id
             conv.append(entry)
+        kwargs = dict(kwargs or {})
+        uses_tools = bool(tools) or any(m.role == "tool" or m.tool_calls for m in messages)
+        if uses_tools and template_supports_tools(self.tokenizer):
+            conv = conversation_for_template(conv)
+            if tools:
+                kwargs["tools"] = tools_for_template(tools)
+        elif uses_tools:
+            conv = render_without_template_support(conv, tools)
         try:
             ids = self.tokenizer.apply_chat_template(
                 conv,
                 add_generation_prompt=add_generation_prompt and not continue_final,
                 continue_final_message=continue_final,
                 tokenize=True,
-                **(kwargs or {}),
+                **kwargs,
             )
         except Exception as e:  # a template may raise on a role order it does not allow
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from e
@@ -204,6 +235,7 @@ class Serving:
         params = [
             self._params(req, req.max_tokens, req.logprobs, len(p.token_ids)) for p in prompts
         ]
+        await self._check_structured(params[0])
         base_id = random_id("cmpl")
         created = now()
         if req.stream:
@@ -295,11 +327,16 @@ class Serving:
 
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
+        try:
+            plan = plan_tools(req.tools, req.tool_choice)
+        except ValueError as e:
+            raise APIError(str(e), param="tool_choice") from e
         ids = self.chat_prompt(
             req.messages,
             req.add_generation_prompt,
             req.continue_final_message,
             req.chat_template_kwargs,
+            plan.tools if plan.in_prompt else None,
         )
         prompt = Prompt(None, ids)
         max_tokens = (
@@ -311,24 +348,35 @@ class Serving:
         elif req.top_logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = self._params(req, max_tokens, top, len(ids))
+        forced = plan.constraint(req.parallel_tool_calls)
+        if forced is not None:
+            if params.structured_outputs is not None:
+                raise APIError(
+                    "a forced tool call (tool_choice required or a named function) cannot be "
+                    "combined with response_format or structured outputs",
+                    param="tool_choice",
+                )
+            params.structured_outputs = forced
+        await self._check_structured(params, "tools" if forced is not None else None)
         rid = random_id("chatcmpl")
         created = now()
         if req.stream:
-            return self._stream_chat(req, rid, created, prompt, params)
+            return self._stream_chat(req, rid, created, prompt, params, plan)
         final = await self._final(rid, prompt, params, req.priority)
         choices = []
         completion_tokens = 0
         for s in final.samples:
             out = s.output
             completion_tokens += len(out.token_ids)
+            message, calls = message_from_output(plan, out.text)
             choices.append(
                 {
                     "index": out.index,
-                    "message": {"role": "assistant", "content": out.text},
+                    "message": message,
                     "logprobs": {"content": self._chat_logprobs(out.token_ids, out.logprobs, top)}
                     if req.logprobs
                     else None,
-                    "finish_reason": _finish(out.finish_reason),
+                    "finish_reason": tool_finish_reason(plan, calls, _finish(out.finish_reason)),
                     "stop_reason": out.stop_reason,
                 }
             )
@@ -346,7 +394,18 @@ class Serving:
             "usage": usage.model_dump(exclude_none=True),
         }
 
-    async def _stream_chat(self, req, rid, created, prompt, params):
+    async def _check_structured(self, params: SamplingParams, param: str | None = None) -> None:
+        """Parse the request's grammar here (off the event loop) so a bad schema, regex or
+        EBNF is a 400 before anything is queued."""
+        so = params.structured_outputs
+        if so is None:
+            return
+        try:
+            await asyncio.to_thread(to_grammar, so)
+        except ValueError as e:
+            raise APIError(str(e), param=param or "response_format") from e
+
+    async def _stream_chat(self, req, rid, created, prompt, params, plan: ToolPlan):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         top = params.logprobs
 
@@ -365,31 +424,39 @@ class Serving:
                 ]
             )
         cursor = _StreamCursor(self.client.output_processor, params.n)
+        shapers = [ToolCallStream(plan) for _ in range(params.n)]
         state = None
         async for state in self._run(rid, prompt, params, req.priority):
             for out, delta, new_ids, new_lps, finished in cursor.deltas(state):
                 lp = None
                 if req.logprobs and new_ids:
                     lp = {"content": self._chat_logprobs(new_ids, new_lps, top)}
-                if delta or lp:
+                shaper = shapers[out.index]
+                deltas = shaper.feed(delta)
+                if finished:
+                    deltas += shaper.finish()
+                if lp and not deltas:
+                    deltas = [{}]  # held-back text: the logprobs still go out now
+                for i, d in enumerate(deltas):
                     yield chunk(
                         [
                             {
                                 "index": out.index,
-                                "delta": {"content": delta},
-                                "logprobs": lp,
+                                "delta": d,
+                                "logprobs": lp if i == 0 else None,
                                 "finish_reason": None,
                             }
                         ]
                     )
                 if finished:
+                    reason = tool_finish_reason(plan, shaper.calls, _finish(out.finish_reason))
                     yield chunk(
                         [
                             {
                                 "index": out.index,
                                 "delta": {},
                                 "logprobs": None,
-                                "finish_reason": _finish(out.finish_reason),
+                                "finish_reason": reason,
                                 "stop_reason": out.stop_reason,
                             }
                         ]

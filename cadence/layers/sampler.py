@@ -1,6 +1,7 @@
 """Batched sampling on the device, after the forward pass.
 
 Order, per row:  raw logprobs (if asked)  ->  logit bias, min_tokens ban, penalties
+                 ->  grammar mask (structured outputs)
                  ->  greedy argmax, or temperature / top-k / top-p / min-p and a draw.
 
 Draws use the exponential race (argmax of p / E with E ~ Exp(1)), which needs one random
@@ -34,6 +35,8 @@ class SamplingBatch:
     output_counts: torch.Tensor | None = None  # [B, V] occurrences in the output so far
     seen_mask: torch.Tensor | None = None  # [B, V] in prompt or output (repetition penalty)
     max_logprobs: int | None = None  # top-N logprobs wanted by some row; None: none
+    # [B, ceil(V / 32)] int32, bit (t % 32) of word t // 32 set = token t allowed; None: all.
+    allowed_bitmask: torch.Tensor | None = None
 
 
 @dataclass
@@ -46,13 +49,21 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        logits = logits.float()
+        logits = raw = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
 
         if batch.bias is not None:
             logits = logits + batch.bias
         if batch.repetition is not None:
             logits = _apply_penalties(logits, batch)
+        if batch.allowed_bitmask is not None:
+            logits = apply_token_bitmask(logits, batch.allowed_bitmask)
+            # A bias or the min_tokens ban may forbid every token the grammar allows (say,
+            # only EOS is left): the grammar wins, so the row is never all -inf.
+            dead = torch.isneginf(logits).all(dim=-1)
+            if dead.any():
+                fallback = apply_token_bitmask(raw, batch.allowed_bitmask)
+                logits = torch.where(dead[:, None], fallback, logits)
 
         if batch.all_greedy:
             tokens = logits.argmax(dim=-1)
@@ -82,6 +93,20 @@ class Sampler:
             noise[row].exponential_(generator=gen)
         sampled = (probs / noise).argmax(dim=-1)
         return torch.where(greedy_rows, greedy_tokens, sampled)
+
+
+_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """-inf where a row's bit is clear. Unpacked with plain tensor ops, so any device."""
+    shifts = _BIT_SHIFTS.get(logits.device)
+    if shifts is None:
+        shifts = _BIT_SHIFTS[logits.device] = torch.arange(
+            32, dtype=torch.int32, device=logits.device
+        )
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[1]]
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def _top_k_top_p(

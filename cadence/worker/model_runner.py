@@ -36,6 +36,14 @@ class _RequestState:
     num_computed_tokens: int
 
 
+@dataclass
+class ModelOutput:
+    """One step's forward pass, before sampling."""
+
+    sample_ids: list[str]  # requests that sample this step, in row order
+    logits: torch.Tensor | None  # [len(sample_ids), vocab], on the device
+
+
 def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
     """End-of-sequence ids from config.json and, where present, generation_config.json."""
     ids: list[int] = []
@@ -170,12 +178,20 @@ class ModelRunner:
             else:
                 st.block_ids.extend(cached.new_block_ids)
             st.num_computed_tokens = cached.num_computed_tokens
+            st.token_ids.extend(cached.new_token_ids)
+
+    def execute(self, sched: SchedulerOutput) -> SampledTokens:
+        """Forward pass and sampling, with no grammar masks (tests and simple callers)."""
+        return self.sample(self.execute_model(sched))
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> SampledTokens:
+    def execute_model(self, sched: SchedulerOutput) -> ModelOutput:
+        """Apply the step's deltas and launch the forward pass; returns the logits of the
+        requests that sample this step, in `sample_ids` order. On a GPU this returns as
+        soon as the kernels are queued, so the caller can fill grammar masks meanwhile."""
         self._apply_deltas(sched)
         if sched.is_empty:
-            return SampledTokens()
+            return ModelOutput([], None)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -225,12 +241,22 @@ class ModelRunner:
             meta,
         )
         if not sample_ids:
-            return SampledTokens()
+            return ModelOutput([], None)
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
-        return self._sample(sample_ids, logits)
+        return ModelOutput(sample_ids, logits)
 
-    def _sample(self, rids: list[str], logits: torch.Tensor) -> SampledTokens:
+    @torch.inference_mode()
+    def sample(
+        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
+    ) -> SampledTokens:
+        """Sample one token per row of `model_out`. `grammar_bitmask` ([rows, ceil(V/32)]
+        int32 on the CPU, a set bit allows a token) constrains structured-output rows."""
+        rids, logits = model_out.sample_ids, model_out.logits
+        if not rids:
+            return SampledTokens()
         batch = self._sampling_batch(rids)
+        if grammar_bitmask is not None:
+            batch.allowed_bitmask = grammar_bitmask.to(self.device, non_blocking=True)
         out = self.sampler(logits, batch)
         tokens = out.token_ids.tolist()  # the step's one device-to-host copy
         result = SampledTokens()

@@ -1,0 +1,1 @@
+"""Structured outputs: grammars from JSON schemas, regexes, choices and EBNF (xgrammar)."""

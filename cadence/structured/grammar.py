@@ -1,0 +1,172 @@
+"""From a request's StructuredOutputsParams to an xgrammar grammar, with clear errors.
+
+Two stages, as xgrammar splits them:
+
+    to_grammar(params)       tokenizer-free: parse and check the schema / regex / EBNF.
+                             Cheap; the API server calls it to answer a bad one with 400.
+    compile_grammar(...)     against the model's vocabulary (GrammarCompiler); the engine
+                             runs it on a worker thread and caches the result by cache_key.
+
+JSON schemas are compiled in xgrammar's strict mode (no properties or items the schema does
+not name), falling back to non-strict when strict mode cannot satisfy the schema (say, an
+array with minItems and no items schema). Keywords xgrammar would silently ignore are
+refused instead (see UNSUPPORTED_KEYWORDS): a user who asked for uniqueItems should hear
+that it cannot be enforced, not receive an output that fails their validator.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from cadence.sampling_params import StructuredOutputsParams
+
+# Schema keywords whose constraint xgrammar does not enforce (it ignores them).
+UNSUPPORTED_KEYWORDS = {
+    "not": "negated schemas",
+    "if": "conditional schemas (if / then / else)",
+    "dependentRequired": "dependentRequired",
+    "dependentSchemas": "dependentSchemas",
+    "dependencies": "dependencies",
+    "unevaluatedProperties": "unevaluatedProperties",
+    "unevaluatedItems": "unevaluatedItems",
+    "minContains": "minContains",
+    "maxContains": "maxContains",
+    "$dynamicRef": "$dynamicRef",
+}
+
+# Where subschemas sit: keyword -> how its value holds them.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("additionalProperties", "items", "contains", "propertyNames", "then", "else")
+
+_CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+\.cc:\d+: (Check failed: \(.*?\) is false: )?")
+
+
+def load_schema(schema: dict[str, Any] | str) -> Any:
+    if isinstance(schema, str):
+        try:
+            return json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
+    return schema
+
+
+def unsupported_features(schema: Any, path: str = "#") -> list[str]:
+    """'keyword at path' for every keyword in `schema` that cannot be enforced."""
+    found: list[str] = []
+    if not isinstance(schema, dict):
+        return found
+    for key, what in UNSUPPORTED_KEYWORDS.items():
+        if key in schema:
+            found.append(f"{what} ('{key}' at {path})")
+    if schema.get("uniqueItems") is True:
+        found.append(f"uniqueItems ('uniqueItems' at {path})")
+    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+        found.append(f"allOf with more than one schema ('allOf' at {path})")
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                found += unsupported_features(sub, f"{path}/{key}/{name}")
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                found += unsupported_features(sub, f"{path}/{key}/{i}")
+    for key in _SCHEMA_VALUES:
+        found += unsupported_features(schema.get(key), f"{path}/{key}")
+    return found
+
+
+def _clean(e: Exception) -> str:
+    """xgrammar's C++ errors, without the timestamp and source location."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return _CPP_PREFIX.sub("", text).strip()
+
+
+def choice_ebnf(choices: list[str]) -> str:
+    # JSON string escapes are valid in xgrammar's EBNF string literals.
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def _json_options(p: StructuredOutputsParams) -> dict[str, Any]:
+    return {
+        "any_whitespace": p.any_whitespace,
+        "max_whitespace_cnt": p.max_whitespace if p.any_whitespace else None,
+    }
+
+
+def _schema_text(p: StructuredOutputsParams) -> str:
+    if p.json_object:
+        return '{"type": "object"}'
+    schema = load_schema(p.json)
+    if not isinstance(schema, dict | bool):
+        raise ValueError(
+            f"a JSON schema must be an object (or true / false), got {type(schema).__name__}"
+        )
+    problems = unsupported_features(schema)
+    if problems:
+        raise ValueError(
+            "the JSON schema uses features structured outputs cannot enforce: "
+            + "; ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+        )
+    return json.dumps(schema)
+
+
+def to_grammar(p: StructuredOutputsParams):
+    """Parse and check without a tokenizer. Raises ValueError saying what is wrong."""
+    import xgrammar as xgr
+
+    p.verify()
+    kind = p.kind
+    try:
+        if kind in ("json", "json_object"):
+            text = _schema_text(p)
+            try:
+                return xgr.Grammar.from_json_schema(text, strict_mode=True, **_json_options(p))
+            except RuntimeError:
+                return xgr.Grammar.from_json_schema(text, strict_mode=False, **_json_options(p))
+        if kind == "regex":
+            return xgr.Grammar.from_regex(p.regex)
+        if kind == "choice":
+            return xgr.Grammar.from_ebnf(choice_ebnf(p.choice))
+        return _parse_grammar(p.grammar)
+    except ValueError:
+        raise
+    except Exception as e:  # xgrammar raises RuntimeError from C++ with a useful text
+        raise ValueError(f"invalid {kind.replace('_', ' ')}: {_clean(e)}") from None
+
+
+def _parse_grammar(text: str):
+    """EBNF first (`root ::= ...`); a grammar written in Lark (`start: ...`) also works."""
+    import xgrammar as xgr
+
+    try:
+        return xgr.Grammar.from_ebnf(text)
+    except RuntimeError as ebnf_error:
+        if "::=" in text:
+            raise
+        try:
+            return xgr.Grammar.from_lark(text)
+        except RuntimeError:
+            raise ebnf_error from None
+
+
+def cache_key(p: StructuredOutputsParams) -> str:
+    """Equal keys compile to the same grammar."""
+    kind = p.kind
+    value: Any = {
+        "json": load_schema(p.json) if kind == "json" else None,
+        "json_object": p.json_object,
+        "regex": p.regex,
+        "choice": p.choice,
+        "grammar": p.grammar,
+    }[kind]
+    ws = (p.any_whitespace, p.max_whitespace) if kind in ("json", "json_object") else None
+    return json.dumps([kind, value, ws], sort_keys=True, ensure_ascii=False)
+
+
+def compile_grammar(compiler, p: StructuredOutputsParams):
+    """A CompiledGrammar for `p` against the compiler's vocabulary (seconds at worst)."""
+    return compiler.compile_grammar(to_grammar(p))

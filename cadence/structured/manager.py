@@ -1,0 +1,206 @@
+"""The engine's grammar state: compiles off the loop, one matcher per constrained request.
+
+Per request, in the engine core:
+
+    submit(rid, params)    compile on a worker thread (or take it from the cache); the
+                           request waits outside the scheduler until poll() says ready
+    fill_bitmask(rows)     each step, between launching the forward pass and sampling: one
+                           row of allowed tokens (bits) per sampling request
+    advance(rid, token)    after sampling: the matcher accepts the token; returns the tokens
+                           the grammar forces next (jump-forward), or [] if it is free
+    remove(rid)            when the request finishes
+
+Compiled grammars are cached by cache_key (LRU, `cache_size` entries): the same schema
+compiles once. The vocabulary (xgrammar's TokenizerInfo) is built on first use, on the
+worker thread, so servers that never see a constrained request never pay for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import torch
+
+from cadence.sampling_params import StructuredOutputsParams
+from cadence.structured.grammar import cache_key, compile_grammar
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GrammarStats:
+    requests: int = 0  # constrained requests submitted
+    compiles: int = 0  # grammars compiled (cache misses)
+    cache_hits: int = 0
+    compile_seconds: float = 0.0  # total, on worker threads
+    jump_forward_tokens: int = 0  # tokens appended without sampling
+
+
+class GrammarManager:
+    def __init__(
+        self,
+        tokenizer_path: str | None,
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        cache_size: int = 256,
+        threads: int = 2,
+    ) -> None:
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self.stop_token_ids = list(stop_token_ids)
+        self.cache_size = cache_size
+        self.stats = GrammarStats()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cadence-grammar")
+        self._compiler = None
+        self._compiler_lock = threading.Lock()
+        self._cache: OrderedDict[str, object] = OrderedDict()  # key -> CompiledGrammar
+        self._inflight: dict[str, Future] = {}  # key -> compile in progress
+        self._waiting: dict[str, str] = {}  # request id -> key it waits for
+        self.matchers: dict[str, object] = {}  # request id -> GrammarMatcher
+        self._bitmask: torch.Tensor | None = None  # reused [rows, words] int32 buffer
+
+    # ---- compiling --------------------------------------------------------------------
+
+    def _get_compiler(self):
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar as xgr
+
+                from cadence.tokenizer import load_tokenizer
+
+                t0 = time.perf_counter()
+                tokenizer = load_tokenizer(self.tokenizer_path)
+                if tokenizer is None:
+                    raise ValueError("structured outputs need the model's tokenizer; it has none")
+                info = xgr.TokenizerInfo.from_huggingface(
+                    tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
+                # Our own LRU cache sits in front; xgrammar's would grow without bound.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                logger.info("grammar vocabulary ready in %.2f s", time.perf_counter() - t0)
+            return self._compiler
+
+    def _compile(self, params: StructuredOutputsParams):
+        t0 = time.perf_counter()
+        compiled = compile_grammar(self._get_compiler(), params)
+        return compiled, time.perf_counter() - t0
+
+    def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
+        """Start compiling (or find the cached grammar); never blocks."""
+        key = cache_key(params)
+        self.stats.requests += 1
+        self._waiting[request_id] = key
+        if key in self._cache:
+            self.stats.cache_hits += 1
+            self._cache.move_to_end(key)
+        elif key in self._inflight:
+            self.stats.cache_hits += 1
+        else:
+            self._inflight[key] = self._pool.submit(self._compile, params)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def poll(self, timeout: float = 0.0) -> tuple[list[str], list[tuple[str, str]]]:
+        """(request ids now ready, [(request id, error)]) among those submitted.
+
+        With a timeout and nothing ready, waits up to that long for a compile to finish
+        (the loop has nothing else to do)."""
+        if (
+            timeout > 0
+            and self._inflight
+            and all(k in self._inflight for k in self._waiting.values())
+        ):
+            wait(list(self._inflight.values()), timeout, return_when=FIRST_COMPLETED)
+        errors: dict[str, str] = {}
+        for key, fut in list(self._inflight.items()):
+            if not fut.done():
+                continue
+            del self._inflight[key]
+            try:
+                compiled, seconds = fut.result()
+            except Exception as e:  # ValueError from a bad grammar, or a tokenizer problem
+                errors[key] = str(e) if isinstance(e, ValueError) else f"grammar failed: {e}"
+                logger.warning("grammar compile failed: %s", errors[key])
+                continue
+            self.stats.compiles += 1
+            self.stats.compile_seconds += seconds
+            self._cache[key] = compiled
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        ready, failed = [], []
+        import xgrammar as xgr
+
+        for rid, key in list(self._waiting.items()):
+            if key in errors:
+                failed.append((rid, errors[key]))
+                del self._waiting[rid]
+            elif key in self._cache:
+                self.matchers[rid] = xgr.GrammarMatcher(self._cache[key])
+                ready.append(rid)
+                del self._waiting[rid]
+        return ready, failed
+
+    # ---- each step --------------------------------------------------------------------
+
+    def has_constrained(self, request_ids: list[str]) -> bool:
+        return any(rid in self.matchers for rid in request_ids)
+
+    def fill_bitmask(self, request_ids: list[str]) -> torch.Tensor | None:
+        """[len(request_ids), ceil(vocab / 32)] int32 on the CPU, bit set = token allowed;
+        all bits set for unconstrained rows. None if no row is constrained."""
+        if not self.has_constrained(request_ids):
+            return None
+        import xgrammar as xgr
+
+        rows = len(request_ids)
+        if self._bitmask is None or self._bitmask.shape[0] < rows:
+            self._bitmask = xgr.allocate_token_bitmask(max(rows, 64), self.vocab_size)
+        mask = self._bitmask[:rows]
+        mask.fill_(-1)
+        for i, rid in enumerate(request_ids):
+            matcher = self.matchers.get(rid)
+            if matcher is not None and not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(mask, i)
+        return mask
+
+    def advance(self, request_id: str, token_id: int, jump_forward: bool) -> tuple[bool, list[int]]:
+        """Accept a sampled token. Returns (grammar finished, forced next tokens).
+
+        The forced tokens are already accepted by the matcher; the caller appends them to
+        the request as tokens still to compute."""
+        matcher = self.matchers.get(request_id)
+        if matcher is None:
+            return False, []
+        if not matcher.accept_token(token_id):
+            # Only possible if the mask was not applied (say, all tokens banned by other
+            # settings); end the request rather than continue outside the grammar.
+            logger.warning("request %s: token %d rejected by its grammar", request_id, token_id)
+            return True, []
+        if matcher.is_terminated():
+            return True, []
+        forced: list[int] = []
+        if jump_forward:
+            forced = matcher.find_jump_forward_tokens()
+            for tok in forced:
+                if not matcher.accept_token(tok):  # xgrammar's own tokens; never expected
+                    logger.warning("request %s: jump-forward token %d rejected", request_id, tok)
+                    return True, []
+            self.stats.jump_forward_tokens += len(forced)
+        return False, forced
+
+    def remove(self, request_id: str) -> None:
+        self.matchers.pop(request_id, None)
+        self._waiting.pop(request_id, None)
+
+    def is_waiting(self, request_id: str) -> bool:
+        return request_id in self._waiting
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,96 @@
+"""Turning StructuredOutputsParams into grammars: what is accepted, and the errors users see."""
+
+from __future__ import annotations
+
+import pytest
+from schema_cases import SCHEMA_CASES
+
+from cadence.sampling_params import SamplingParams
+from cadence.sampling_params import StructuredOutputsParams as S
+from cadence.structured.grammar import cache_key, to_grammar, unsupported_features
+
+
+@pytest.mark.parametrize("case", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])
+def test_every_test_schema_is_accepted(case):
+    to_grammar(S(json=case[2]))
+
+
+def test_schema_may_be_given_as_json_text():
+    to_grammar(S(json='{"type": "object", "properties": {"a": {"type": "integer"}}}'))
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (S(json='{"type": '), "not valid JSON"),
+        (S(json={"type": "foo"}), 'Unsupported type "foo"'),
+        (S(json={"type": "object", "properties": {"x": {"$ref": "#/$defs/nope"}}}), "$defs"),
+        (S(json={"type": "string", "pattern": "[a-"}), "Unclosed '['"),
+        (S(regex="(ab"), "parenthesis is not closed"),
+        (S(regex="a(?=b)"), "Lookahead is not supported"),
+        (S(grammar="root ::= foo"), 'Rule "foo" is not defined'),
+        (S(choice=[]), "non-empty list"),
+        (S(regex="   "), "must not be empty"),
+        (S(), "exactly one of"),
+        (S(regex="a", choice=["a"]), "exactly one of"),
+    ],
+)
+def test_bad_input_is_a_value_error_saying_what_is_wrong(params, message):
+    with pytest.raises(ValueError, match=None) as info:
+        to_grammar(params)
+    assert message in str(info.value)
+    assert ".cc:" not in str(info.value)  # no C++ source locations for users
+
+
+def test_keywords_that_cannot_be_enforced_are_refused_with_their_path():
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+            "not": {"type": "string"},  # a property *named* "not" is fine
+            "x": {"not": {"type": "string"}},
+        },
+        "$defs": {"c": {"if": {"type": "string"}, "then": {"minLength": 2}}},
+    }
+    problems = unsupported_features(schema)
+    assert problems == [
+        "uniqueItems ('uniqueItems' at #/properties/tags)",
+        "negated schemas ('not' at #/properties/x)",
+        "conditional schemas (if / then / else) ('if' at #/$defs/c)",
+    ]
+    with pytest.raises(ValueError, match="cannot enforce: uniqueItems"):
+        to_grammar(S(json=schema))
+    with pytest.raises(ValueError, match="allOf with more than one"):
+        to_grammar(S(json={"allOf": [{"type": "object"}, {"required": ["a"]}]}))
+
+
+def test_strict_mode_falls_back_when_it_cannot_satisfy_the_schema():
+    # Strict mode forbids unnamed items, so minItems without an items schema needs non-strict.
+    to_grammar(S(json={"type": "array", "minItems": 2}))
+    to_grammar(S(json={"type": "object", "minProperties": 1}))
+
+
+def test_choices_with_quotes_backslashes_and_newlines():
+    to_grammar(S(choice=['say "hi"', "back\\slash", "two\nlines", "é ü"]))
+
+
+def test_lark_grammars_are_accepted_too():
+    to_grammar(S(grammar='start: "yes" | "no"\n'))
+
+
+def test_cache_key_ignores_key_order_but_not_options():
+    a = S(json={"type": "object", "properties": {"a": {"type": "integer"}}})
+    b = S(json='{"properties": {"a": {"type": "integer"}}, "type": "object"}')
+    assert cache_key(a) == cache_key(b)
+    assert cache_key(a) != cache_key(S(json=a.json, any_whitespace=True))
+    assert cache_key(S(regex="a+")) != cache_key(S(grammar="a+"))
+
+
+def test_sampling_params_verify_checks_the_constraint_shape():
+    with pytest.raises(ValueError, match="exactly one"):
+        SamplingParams(structured_outputs=S(regex="a", json={"type": "string"})).verify()
+    with pytest.raises(ValueError, match="max_whitespace"):
+        SamplingParams(structured_outputs=S(json_object=True, max_whitespace=-1)).verify()
+    # A plain dict is accepted (msgspec and users alike).
+    p = SamplingParams(structured_outputs={"choice": ["a", "b"]})
+    assert p.structured_outputs.choice == ["a", "b"]
