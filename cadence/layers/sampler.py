@@ -57,13 +57,15 @@ class Sampler:
         if batch.repetition is not None:
             logits = _apply_penalties(logits, batch)
         if batch.allowed_bitmask is not None:
-            logits = apply_token_bitmask(logits, batch.allowed_bitmask)
-            # A bias or the min_tokens ban may forbid every token the grammar allows (say,
-            # only EOS is left): the grammar wins, so the row is never all -inf.
-            dead = torch.isneginf(logits).all(dim=-1)
-            if dead.any():
-                fallback = apply_token_bitmask(raw, batch.allowed_bitmask)
-                logits = torch.where(dead[:, None], fallback, logits)
+            biased = logits is not raw
+            logits = apply_token_bitmask(logits, batch.allowed_bitmask)  # in place
+            if biased:
+                # A bias or the min_tokens ban may forbid every token the grammar allows
+                # (say, only EOS is left): the grammar wins, so no row is all -inf.
+                dead = torch.isneginf(logits).all(dim=-1)
+                if dead.any():
+                    fallback = apply_token_bitmask(raw.clone(), batch.allowed_bitmask)
+                    logits = torch.where(dead[:, None], fallback, logits)
 
         if batch.all_greedy:
             tokens = logits.argmax(dim=-1)
@@ -95,18 +97,41 @@ class Sampler:
         return torch.where(greedy_rows, greedy_tokens, sampled)
 
 
-_BIT_SHIFTS: dict[torch.device, torch.Tensor] = {}
+# Row b of this table: 0.0 where bit k of the byte b is set, -inf where clear ([256, 8]).
+_BYTE_PENALTIES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_PENALTY_BUFFERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """-inf where a row's bit is clear. Unpacked with plain tensor ops, so any device."""
-    shifts = _BIT_SHIFTS.get(logits.device)
-    if shifts is None:
-        shifts = _BIT_SHIFTS[logits.device] = torch.arange(
-            32, dtype=torch.int32, device=logits.device
+    """In place: -inf where a row's bit is clear (bit t % 32 of word t // 32 is token t).
+
+    Each byte of the mask picks a row of 8 penalties from a 256-row table (index_select
+    into a reused buffer), and the penalties are added: one gather and one add, on any
+    device. On a CPU this is ~10x faster than unpacking bits with shifts and masked_fill;
+    reusing the buffer and adding in place avoid page-faulting fresh [B, V] tensors."""
+    key = (logits.device, logits.dtype)
+    table = _BYTE_PENALTIES.get(key)
+    if table is None:
+        bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+        table = torch.where(bits.bool(), 0.0, float("-inf")).to(logits.device, logits.dtype)
+        _BYTE_PENALTIES[key] = table
+    rows, vocab = logits.shape
+    # Little-endian bytes: byte k of a word holds its bits 8k .. 8k+7.
+    byte_ids = bitmask.contiguous().view(torch.uint8).view(-1).int()
+    buf = _PENALTY_BUFFERS.get(key)
+    # (An inference-mode tensor cannot be written outside inference mode, and tests call
+    # this outside it.)
+    if (
+        buf is None
+        or buf.shape[0] < byte_ids.numel()
+        or buf.is_inference() != torch.is_inference_mode_enabled()
+    ):
+        buf = _PENALTY_BUFFERS[key] = torch.empty(
+            (byte_ids.numel(), 8), dtype=logits.dtype, device=logits.device
         )
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).bool().flatten(1)[:, : logits.shape[1]]
-    return logits.masked_fill(~allowed, float("-inf"))
+    penalties = buf[: byte_ids.numel()]
+    torch.index_select(table, 0, byte_ids, out=penalties)
+    return logits.add_(penalties.view(rows, -1)[:, :vocab])
 
 
 def _top_k_top_p(

@@ -350,8 +350,10 @@ def test_metrics_count_grammars_and_jump_forward(http):
         return float(line.rsplit(" ", 1)[1])
 
     assert value("cadence:structured_output_requests_total") >= len(SCHEMA_CASES)
-    assert 0 < value("cadence:grammar_compiles_total") <= value(
-        "cadence:structured_output_requests_total"
+    assert (
+        0
+        < value("cadence:grammar_compiles_total")
+        <= value("cadence:structured_output_requests_total")
     )
     assert value("cadence:grammar_cache_hits_total") > 0  # each schema ran twice
     assert value("cadence:jump_forward_tokens_total") > 0

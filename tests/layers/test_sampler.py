@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from cadence.layers.sampler import Sampler, SamplingBatch
+from cadence.layers.sampler import Sampler, SamplingBatch, apply_token_bitmask
 
 
 def batch(rows: int, **kw) -> SamplingBatch:
@@ -83,3 +84,26 @@ def test_logprobs_are_raw_log_softmax():
     assert out.token_ids.tolist() == [0]  # the bias moved the choice...
     assert torch.allclose(out.logprobs, ref[:, 0])  # ...but logprobs are the model's own
     assert out.top_ids.tolist() == [[2, 1]]
+
+
+def test_token_bitmask_matches_xgrammar_and_blocks_every_cleared_bit():
+    xgr = pytest.importorskip("xgrammar", reason="xgrammar is a runtime dependency")
+    vocab = 100  # not a multiple of 32: the last word is partly padding
+    torch.manual_seed(0)
+    logits = torch.randn(3, vocab)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 4), dtype=torch.int32)
+    ours = apply_token_bitmask(logits.clone(), bitmask)
+    theirs = logits.clone()
+    xgr.apply_token_bitmask_inplace(theirs, bitmask)
+    assert torch.equal(torch.isneginf(ours), torch.isneginf(theirs))
+    assert torch.equal(ours[~torch.isneginf(ours)], logits[~torch.isneginf(ours)])
+
+
+def test_grammar_mask_wins_over_a_bias_that_bans_everything_it_allows():
+    logits = torch.zeros(1, 64)
+    only_eos = torch.zeros(1, 2, dtype=torch.int32)
+    only_eos[0, 0] = 1 << 5  # token 5 is the only one the grammar allows
+    bias = torch.zeros(1, 64)
+    bias[0, 5] = float("-inf")  # ... and the min_tokens ban forbids it
+    rows = batch(1, bias=bias, allowed_bitmask=only_eos)
+    assert Sampler()(logits, rows).token_ids.tolist() == [5]

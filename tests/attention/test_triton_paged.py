@@ -1,0 +1,325 @@
+"""The Triton paged-attention backend against the torch reference.
+
+CPU: the kernels run under Triton's interpreter, which reads TRITON_INTERPRET=1 when triton
+is first imported. The pytest process may already have imported triton (another test, a
+plugin), so the interpreter cases run in one child process started with the variable set:
+the child runs this file as a script, computes every case and prints a JSON report, and the
+parametrised tests below each check their case's entry.
+
+GPU (`@pytest.mark.gpu`): real sizes with compiled kernels, in this process.
+
+Every case fills the cache with NaN (block 0 zeroed, as the model runner does), writes the
+cached prefixes directly, then lets the backend write the step's K/V: an unmasked read of
+an unused slot would show up as NaN in the output.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# (atol, rtol) against the reference computed in float32 from the same inputs.
+TOLERANCE = {"float32": (2e-5, 1e-4), "bfloat16": (3e-2, 3e-2), "float16": (5e-3, 5e-3)}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    query_lens: tuple[int, ...]
+    seq_lens: tuple[int, ...]
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+    dtype: str = "float32"
+    split_kv: bool | None = False  # None: the backend's own heuristic
+    split_min_partition: int = 32
+    seed: int = 0
+
+
+def _random_mixed(seed: int, num_reqs: int, max_ctx: int, **kw) -> Case:
+    """A mixed batch: chunk lengths 1..40 (about a third decodes), cached prefixes."""
+    g = torch.Generator().manual_seed(seed)
+    qlens, slens = [], []
+    for _ in range(num_reqs):
+        decode = torch.rand((), generator=g) < 0.35
+        q = 1 if decode else int(torch.randint(1, 41, (), generator=g))
+        ctx = int(torch.randint(0, max_ctx, (), generator=g))
+        qlens.append(q)
+        slens.append(ctx + q)
+    return Case(f"random_{seed}", tuple(qlens), tuple(slens), seed=seed, **kw)
+
+
+# Small on purpose: the interpreter runs every program one after another in numpy.
+CPU_CASES = [
+    Case("decode_only_g2", (1, 1, 1), (1, 37, 150)),
+    Case("prefill_only_g1", (5, 40), (5, 40), num_heads=2, num_kv_heads=2),
+    Case("mixed_cached_g4_bs32", (1, 17, 1, 33, 3), (200, 60, 9, 100, 3), 4, 1, block_size=32),
+    Case("mixed_d128_g2", (2, 1, 24), (50, 129, 80), 4, 2, head_dim=128),
+    Case("mixed_g3_unpadded_group", (1, 7, 1), (70, 20, 33), 3, 1),
+    Case("bf16_mixed_g4_d128", (1, 9, 1), (90, 30, 140), 4, 1, 128, dtype="bfloat16"),
+    Case("fp16_mixed_g2_bs32", (3, 1, 20), (40, 77, 20), block_size=32, dtype="float16"),
+    _random_mixed(1, 6, 260, num_heads=4, num_kv_heads=1),
+    _random_mixed(2, 5, 300, num_heads=2, num_kv_heads=1, block_size=32, dtype="bfloat16"),
+    Case("tiny_blocks_bs4", (1, 6, 1), (30, 19, 5), block_size=4),
+    Case("split_decode_g2", (1, 1, 1, 1), (1, 64, 300, 257), split_kv=True),
+    Case(
+        "split_mixed_g4_bf16", (1, 12, 1), (260, 40, 90), 4, 1, 128, dtype="bfloat16", split_kv=True
+    ),
+    Case("split_g1_bs8", (1, 1), (150, 33), 2, 2, block_size=8, split_kv=True),
+    Case("split_heuristic_off_at_short_context", (1, 1), (100, 50), split_kv=None),
+    Case("long_chunk_several_items_g2", (130, 1), (250, 300)),
+    Case("g8_subtiles", (1, 40, 1), (64, 100, 200), 8, 1, block_size=32),
+    Case("d32_g4_fp16", (1, 23, 1), (30, 60, 260), 8, 2, 32, dtype="float16"),
+    Case("block_size_24_not_pow2", (1, 18, 1), (49, 70, 24), block_size=24),
+    _random_mixed(3, 8, 320, num_heads=4, num_kv_heads=2, block_size=32),
+    _random_mixed(4, 8, 320, num_heads=8, num_kv_heads=2, head_dim=128, dtype="float16"),
+    _random_mixed(5, 6, 300, num_heads=4, num_kv_heads=1, dtype="bfloat16", split_kv=True),
+]
+
+
+def _make_batch(case: Case, device: str | torch.device):
+    """Random q/k/v for the step, a NaN-filled cache holding each request's prefix, and
+    the metadata the model runner would pass (slots of the step's tokens, block tables)."""
+    from cadence.attention.base import AttentionMetadata
+
+    gen = torch.Generator().manual_seed(case.seed)
+    dtype = DTYPES[case.dtype]
+    bs, hq, hkv, d = case.block_size, case.num_heads, case.num_kv_heads, case.head_dim
+    blocks_per_req = [-(-s // bs) for s in case.seq_lens]
+    num_blocks = 1 + sum(blocks_per_req) + 3  # block 0 reserved, a few never used
+    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    max_blocks = max(blocks_per_req) + 1  # a spare column of zeros, like a padded table
+    tables = torch.zeros(len(case.seq_lens), max_blocks, dtype=torch.int64)
+    for b, n in enumerate(blocks_per_req):
+        tables[b, :n] = torch.tensor(perm[:n])
+        perm = perm[n:]
+
+    cache = torch.full((2, num_blocks, bs, hkv, d), float("nan"), dtype=dtype)
+    cache[:, 0] = 0
+    slots = []
+    for b, (qlen, slen) in enumerate(zip(case.query_lens, case.seq_lens)):
+        pos = torch.arange(slen)
+        s = tables[b, pos // bs] * bs + pos % bs
+        ctx = slen - qlen
+        flat = cache.view(2, -1, hkv, d)
+        flat[:, s[:ctx]] = torch.randn(2, ctx, hkv, d, generator=gen).to(dtype)
+        slots.append(s[ctx:])
+    t = sum(case.query_lens)
+    # q/k/v as strided views of one fused projection, as the model produces them.
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k, v = q.view(t, hq, d), k.view(t, hkv, d), v.view(t, hkv, d)
+
+    qsl = torch.zeros(len(case.query_lens) + 1, dtype=torch.int64)
+    qsl[1:] = torch.cumsum(torch.tensor(case.query_lens), 0)
+
+    def meta() -> AttentionMetadata:
+        return AttentionMetadata(
+            num_tokens=t,
+            query_start_loc=qsl.to(device),
+            seq_lens=torch.tensor(case.seq_lens, dtype=torch.int64, device=device),
+            slot_mapping=torch.cat(slots).to(device),
+            block_tables=tables.to(device),
+            query_lens_cpu=list(case.query_lens),
+            seq_lens_cpu=list(case.seq_lens),
+            block_size=bs,
+        )
+
+    return q.to(device), k.to(device), v.to(device), cache.to(device), meta
+
+
+def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
+    """Run the Triton backend and the torch reference (in float32) on the same batch."""
+    from cadence.attention.torch_ref import TorchAttentionBackend
+    from cadence.attention.triton_paged import TritonAttentionBackend
+
+    q, k, v, cache, meta = _make_batch(case, device)
+    scale = case.head_dim**-0.5
+
+    ref_cache = cache.float()
+    ref_backend = TorchAttentionBackend()
+    ref = ref_backend.forward(
+        q.float(), k.float(), v.float(), ref_cache, ref_backend.build(meta()), scale
+    )
+    # The exact cache the backend must leave: the step's K/V copied into their slots.
+    want_cache = cache.clone()
+    m = meta()
+    want_cache[0].view(-1, case.num_kv_heads, case.head_dim)[m.slot_mapping] = k
+    want_cache[1].view(-1, case.num_kv_heads, case.head_dim)[m.slot_mapping] = v
+
+    backend = TritonAttentionBackend(
+        num_kv_heads=case.num_kv_heads,
+        split_kv=case.split_kv,
+        split_min_partition=case.split_min_partition,
+    )
+    m = backend.build(m)
+    out = backend.forward(q, k, v, cache, m, scale)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    err = (out.float() - ref).abs()
+    atol, rtol = TOLERANCE[case.dtype]
+    bad = err > atol + rtol * ref.abs()
+    return {
+        "dtype_ok": out.dtype == q.dtype and out.shape == q.shape,
+        "finite": bool(torch.isfinite(out).all()),
+        "max_err": float(err.max()),
+        "num_bad": int(bad.sum()),
+        "cache_exact": bool(torch.equal(cache.isnan(), want_cache.isnan()))
+        and bool(torch.equal(cache.nan_to_num(), want_cache.nan_to_num())),
+        "split_requests": int(m.backend_data.split_req.numel()),
+    }
+
+
+def run_write_kv_padding(device: str | torch.device = "cpu") -> dict:
+    """Kernel A alone: exact copies, and slot -1 (a padding token) writes nothing."""
+    from cadence.attention.triton_paged import TritonAttentionBackend
+
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 6, 16, 3, 64, generator=gen).bfloat16()
+    kv = torch.randn(5, 2, 3, 64, generator=gen).bfloat16()
+    slots = torch.tensor([17, -1, 0, 95, 40])
+    want = cache.clone()
+    for t, s in enumerate(slots.tolist()):
+        if s >= 0:
+            want[:, s // 16, s % 16] = kv[t]
+    cache, kv, slots = cache.to(device), kv.to(device), slots.to(device)
+    TritonAttentionBackend().write_kv(kv[:, 0], kv[:, 1], cache, slots)
+    return {"cache_exact": bool(torch.equal(cache.cpu(), want))}
+
+
+def _check(case: Case, result: dict) -> None:
+    assert "error" not in result, result.get("error")
+    assert result["dtype_ok"]
+    assert result["finite"], "NaN/inf in the output"
+    assert result["cache_exact"], "K/V write kernel left a different cache"
+    assert result["num_bad"] == 0, f"max abs error {result['max_err']:.3g}"
+    if case.split_kv is True:
+        assert result["split_requests"] == case.query_lens.count(1)
+    elif case.split_kv is False:
+        assert result["split_requests"] == 0
+
+
+# ---- CPU: Triton's interpreter, in a child process -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def interpreter_report() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--interpreter-cases"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"interpreter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: c.name)
+def test_interpreter_matches_reference(case: Case, interpreter_report: dict) -> None:
+    _check(case, interpreter_report[case.name])
+
+
+@needs_triton
+def test_interpreter_write_kv_skips_padding(interpreter_report: dict) -> None:
+    result = interpreter_report["write_kv_padding"]
+    assert "error" not in result, result.get("error")
+    assert result["cache_exact"]
+
+
+@needs_triton
+def test_split_heuristic() -> None:
+    """build() alone (no kernels): split few long decodes, leave big or short batches."""
+    from cadence.attention.triton_paged import TritonAttentionBackend
+
+    def plan(qlens, slens):
+        case = Case("plan", tuple(qlens), tuple(slens), block_size=16)
+        meta = _make_batch(case, "cpu")[-1]()
+        return TritonAttentionBackend(num_kv_heads=8, num_sms=132).build(meta).backend_data
+
+    p = plan([1], [8192])
+    assert p.split_req.tolist() == [0] and p.work_req.numel() == 0
+    assert p.num_parts * p.partition_size >= 8192 and p.num_parts >= 16
+    assert p.max_parts >= p.num_parts and p.max_parts & (p.max_parts - 1) == 0
+    assert plan([1] * 64, [2048] * 64).split_req.numel() == 0  # 512 programs already
+    assert plan([1, 1], [300, 200]).split_req.numel() == 0  # short contexts
+    assert plan([1, 512], [4096, 4096]).split_req.numel() == 0  # a prefill fills the GPU
+    p = plan([1, 40, 1, 3], [10, 100, 1, 3])
+    assert p.work_q == 64 and p.work_req.tolist() == [0, 1, 2, 3]
+    p = plan([130, 1], [200, 5])
+    assert p.work_req.tolist() == [0, 0, 0, 1] and p.work_qoff.tolist() == [0, 64, 128, 0]
+
+
+# ---- GPU: compiled kernels at real sizes -----------------------------------------------
+
+GPU_CASES = [
+    Case("decode64_ctx1k_4k", (1,) * 64, tuple(1024 + 48 * i for i in range(64)), 32, 8, 128,
+         dtype="bfloat16", split_kv=None),
+    Case("prefill512_cached", (512, 512, 1, 1), (512, 3000, 2048, 4096), 32, 8, 128,
+         dtype="bfloat16", split_kv=None),
+    Case("split_b1_ctx8k", (1,), (8192,), 32, 8, 128, dtype="bfloat16", split_kv=None),
+    Case("split_b4_ctx4k_fp16", (1, 1, 1, 1), (4096, 1000, 3333, 17), 32, 8, 128,
+         dtype="float16", split_kv=True, split_min_partition=256),
+    Case("mixed_d64_g1_bs32", (1, 100, 1, 37), (900, 1400, 5, 37), 16, 16, 64, 32, "bfloat16"),
+    Case("mixed_fp32_g4", (1, 64, 1, 200), (2000, 64, 77, 900), 16, 4, 128, dtype="float32"),
+    Case("mixed_bs64_g8", (1, 300, 1), (5000, 700, 129), 32, 4, 128, 64, "bfloat16"),
+    _random_mixed(7, 48, 3000, num_heads=32, num_kv_heads=8, head_dim=128, dtype="bfloat16"),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_write_kv_skips_padding() -> None:
+    assert run_write_kv_padding("cuda")["cache_exact"]
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
+def test_gpu_matches_reference(case: Case) -> None:
+    result = run_case(case, "cuda")
+    _check(case, result)
+    if case.name == "split_b1_ctx8k":
+        assert result["split_requests"] == 1, "the heuristic should split a lone 8k decode"
+
+
+# ---- the child process -----------------------------------------------------------------
+
+
+def _interpreter_main() -> None:
+    import traceback
+
+    torch.set_num_threads(1)
+    report = {}
+    for case in CPU_CASES:
+        try:
+            report[case.name] = run_case(case)
+        except Exception:
+            report[case.name] = {"error": traceback.format_exc(limit=-4)}
+    try:
+        report["write_kv_padding"] = run_write_kv_padding()
+    except Exception:
+        report["write_kv_padding"] = {"error": traceback.format_exc(limit=-4)}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--interpreter-cases"]:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    _interpreter_main()
