@@ -328,7 +328,7 @@ class Serving:
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
         try:
-            plan = plan_tools(req.tools, req.tool_choice)
+            plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
         except ValueError as e:
             raise APIError(str(e), param="tool_choice") from e
         ids = self.chat_prompt(
@@ -348,7 +348,7 @@ class Serving:
         elif req.top_logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = self._params(req, max_tokens, top, len(ids))
-        forced = plan.constraint(req.parallel_tool_calls)
+        forced = plan.constraint()
         if forced is not None:
             if params.structured_outputs is not None:
                 raise APIError(

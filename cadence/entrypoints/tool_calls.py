@@ -84,12 +84,13 @@ class ToolPlan:
     mode: Literal["none", "auto", "required", "named"]
     tools: list[ChatTool]
     function_name: str | None = None  # mode "named"
+    parallel: bool = True  # parallel_tool_calls: False keeps the first call only
 
     @property
     def in_prompt(self) -> bool:
         return self.mode != "none" and bool(self.tools)
 
-    def constraint(self, parallel: bool) -> StructuredOutputsParams | None:
+    def constraint(self) -> StructuredOutputsParams | None:
         """The grammar that forces a call ("required" / "named"), else None."""
         if self.mode == "named":
             fn = next(t.function for t in self.tools if t.function.name == self.function_name)
@@ -111,7 +112,7 @@ class ToolPlan:
                 "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
                 "minItems": 1,
             }
-            if not parallel:
+            if not self.parallel:
                 schema["maxItems"] = 1
             return StructuredOutputsParams(json=schema)
         return None
@@ -121,7 +122,9 @@ def _parameters(fn: FunctionDefinition) -> dict[str, Any]:
     return fn.parameters if fn.parameters else {"type": "object", "properties": {}}
 
 
-def plan_tools(tools: list[ChatTool] | None, tool_choice: ToolChoice | None) -> ToolPlan:
+def plan_tools(
+    tools: list[ChatTool] | None, tool_choice: ToolChoice | None, parallel: bool = True
+) -> ToolPlan:
     """Check tools against tool_choice. Raises ValueError saying what is wrong."""
     tools = tools or []
     names = [t.function.name for t in tools]
@@ -133,12 +136,12 @@ def plan_tools(tools: list[ChatTool] | None, tool_choice: ToolChoice | None) -> 
         name = tool_choice.function.name
         if name not in names:
             raise ValueError(f"tool_choice names function {name!r}, which is not in tools")
-        return ToolPlan("named", tools, name)
+        return ToolPlan("named", tools, name, parallel)
     if not tools:
         if tool_choice == "required":
             raise ValueError('tool_choice "required" needs at least one tool in tools')
         tool_choice = "none"
-    return ToolPlan(tool_choice, tools)
+    return ToolPlan(tool_choice, tools, parallel=parallel)
 
 
 def template_supports_tools(tokenizer) -> bool:
@@ -366,6 +369,8 @@ def message_from_output(plan: ToolPlan, text: str) -> tuple[dict, list[ToolCall]
         calls = parse_required(text)
     elif plan.mode == "named":
         calls = [ToolCall(plan.function_name, text)]
+    if not plan.parallel:
+        calls = calls[:1]
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["content"] = (content or None) if plan.mode == "auto" else None
@@ -416,6 +421,8 @@ class ToolCallStream:
 
     def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict]:
         out: list[dict] = [{"content": content}] if content else []
+        if not self.plan.parallel:
+            calls = calls[: max(0, 1 - len(self.calls))]
         for call in calls:
             out.append({"tool_calls": [call.to_openai(index=len(self.calls))]})
             self.calls.append(call)

@@ -57,14 +57,14 @@ def test_plans():
 
 
 def test_forced_calls_compile_to_grammars():
-    required = plan_tools([WEATHER, TIME], "required").constraint(parallel=False)
+    required = plan_tools([WEATHER, TIME], "required", parallel=False).constraint()
     assert required.json["maxItems"] == 1
     to_grammar(required)
     named = plan_tools(
         [WEATHER], NamedToolChoice.model_validate({"function": {"name": "get_weather"}})
     )
-    assert named.constraint(parallel=True).json == WEATHER.function.parameters
-    assert plan_tools([WEATHER], "auto").constraint(parallel=True) is None
+    assert named.constraint().json == WEATHER.function.parameters
+    assert plan_tools([WEATHER], "auto").constraint() is None
 
 
 def test_parse_hermes_calls_and_content():
@@ -168,3 +168,16 @@ def test_conversation_for_templates_without_tool_support():
         == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
     )
     assert out[3]["content"] == '<tool_response>\n{"temp": 21}\n</tool_response>'
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    plan = plan_tools([WEATHER, TIME], "auto", parallel=False)
+    text = (
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+    )
+    _, calls = message_from_output(plan, text)
+    assert [c.name for c in calls] == ["get_time"]
+    stream = ToolCallStream(plan)
+    deltas = stream.feed(text) + stream.finish()
+    assert [d["tool_calls"][0]["function"]["name"] for d in deltas] == ["get_time"]
