@@ -58,7 +58,9 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     device: str = "auto"  # auto | cpu | cuda
-    attention_backend: str = "auto"  # auto | torch
+    attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
+    enforce_eager: bool = False  # no CUDA graphs: run every step eagerly
+    max_cuda_graph_batch_size: int = 256  # largest decode batch captured in a CUDA graph
     check_kv_integrity: bool = False  # after every step (tests)
 
     def validate(self) -> None:
@@ -92,6 +94,10 @@ class EngineConfig:
         from cadence.core.policies import make_policy
 
         make_policy(s.scheduling_policy, s.scheduling_aging_steps)  # raises on a bad name
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"unknown attention backend {self.attention_backend!r}")
+        if self.max_cuda_graph_batch_size < 1:
+            raise ValueError("max_cuda_graph_batch_size must be positive")
         st = self.structured
         if st.grammar_cache_size < 1 or st.grammar_compile_threads < 1:
             raise ValueError("grammar_cache_size and grammar_compile_threads must be positive")

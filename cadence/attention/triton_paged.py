@@ -567,6 +567,14 @@ class TritonAttentionBackend(AttentionBackend):
         )
         return meta
 
+    def decode_plan(self, num_reqs: int, device: torch.device) -> TritonPlan:
+        """A fixed plan for `num_reqs` single-token decodes (request i owns query token i),
+        without the split-KV path: what a CUDA graph captures once and replays with new
+        sequence lengths and block tables."""
+        work_req = torch.arange(num_reqs, dtype=torch.int32, device=device)
+        empty = torch.zeros(0, dtype=torch.int32, device=device)
+        return TritonPlan(work_req, torch.zeros_like(work_req), 1, empty, 0, 0, 0)
+
     # ---- once a layer -----------------------------------------------------------------
 
     def write_kv(

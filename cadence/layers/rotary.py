@@ -34,7 +34,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         inv_freq, scale = _inv_freq(config, head_dim)
         pos = torch.arange(max_position, dtype=torch.float32)
-        freqs = pos[:, None] * inv_freq.float()[None, :]
+        # transformers' rope init functions return CPU tensors; the model may be built
+        # under `with torch.device("cuda")`.
+        freqs = pos[:, None] * inv_freq.float().to(pos.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)

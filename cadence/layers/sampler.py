@@ -20,7 +20,7 @@ import torch
 class SamplingBatch:
     """Per-row sampling inputs for one step; rows are the requests that sample."""
 
-    temperature: torch.Tensor  # [B] float32; 0 for greedy rows
+    temperature: torch.Tensor | None  # [B] float32; 0 for greedy rows; None if all greedy
     top_k: torch.Tensor | None  # [B] int64, vocab size where unused; None if no row uses it
     top_p: torch.Tensor | None  # [B] float32
     min_p: torch.Tensor | None  # [B] float32
@@ -49,6 +49,14 @@ class SamplerOutput:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        if (
+            batch.all_greedy
+            and batch.max_logprobs is None
+            and batch.bias is None
+            and batch.repetition is None
+            and batch.allowed_bitmask is None
+        ):
+            return SamplerOutput(logits.argmax(dim=-1))  # the common case: one kernel
         logits = raw = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
 

@@ -9,17 +9,20 @@ request whose scheduled tokens reach the end of what it knows.
 from __future__ import annotations
 
 import logging
+import os
+import time
 from dataclasses import dataclass
 
 import torch
 
-from cadence.attention.base import AttentionMetadata
+from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
 from cadence.layers.sampler import Sampler, SamplingBatch
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
 from cadence.sampling_params import SamplingParams
+from cadence.worker.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +85,7 @@ class ModelRunner:
                 f"max_model_len {mc.max_model_len} exceeds the model's limit {model_max}"
             )
         self.max_model_len = mc.max_model_len or model_max
-        if config.attention_backend not in ("auto", "torch"):
-            raise ValueError(f"unknown attention backend {config.attention_backend!r}")
-        self.backend = TorchAttentionBackend()
+        self.backend = self._make_backend(config.attention_backend)
         self.model = load_model(
             self.model_path,
             self.hf_config,
@@ -98,10 +99,47 @@ class ModelRunner:
         self.vocab_size = int(self.hf_config.vocab_size)
         self.eos_token_ids = eos_token_ids(self.model_path, self.hf_config)
         self.block_size = config.cache.block_size
-        self.num_blocks = self._num_kv_blocks()
-        self._allocate_kv_cache()
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
+        self.num_blocks = self._num_kv_blocks()
+        self._allocate_kv_cache()
+        self.graphs: DecodeGraphs | None = None
+        if self._use_cuda_graphs():
+            self.graphs = DecodeGraphs(
+                self.model,
+                self.backend,
+                self.device,
+                min(config.max_cuda_graph_batch_size, config.scheduler.max_num_seqs),
+                -(-self.max_model_len // self.block_size),
+                self.block_size,
+            )
+            seconds = self.graphs.capture()
+            logger.info(
+                "captured CUDA graphs for %d decode batch sizes (1 to %d) in %.1f s",
+                len(self.graphs.sizes),
+                self.graphs.max_batch,
+                seconds,
+            )
+
+    def _make_backend(self, name: str) -> AttentionBackend:
+        if name == "auto":
+            name = "triton" if self.device.type == "cuda" else "torch"
+        if name == "torch":
+            return TorchAttentionBackend()
+        if self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
+            raise ValueError("the triton attention backend needs a CUDA device")
+        from cadence.attention.triton_paged import TritonAttentionBackend
+
+        kv_heads = getattr(self.hf_config, "num_key_value_heads", None)
+        return TritonAttentionBackend(num_kv_heads=kv_heads or self.hf_config.num_attention_heads)
+
+    def _use_cuda_graphs(self) -> bool:
+        if self.device.type != "cuda" or self.config.enforce_eager:
+            return False
+        if not hasattr(self.backend, "decode_plan"):
+            logger.info("attention backend %s has no graph-safe decode: eager", self.backend.name)
+            return False
+        return True
 
     # ---- memory -----------------------------------------------------------------------
 
@@ -123,8 +161,7 @@ class ModelRunner:
             return cc.num_gpu_blocks_override
         per_block = self._kv_bytes_per_block()
         if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - (1 - cc.gpu_memory_utilization) * total
+            budget = self._profile_cuda_memory()
         else:
             budget = cc.kv_cache_memory or DEFAULT_CPU_KV_BYTES
         n = int(budget // per_block)
@@ -134,7 +171,107 @@ class ModelRunner:
             )
         return n
 
-    def _allocate_kv_cache(self) -> None:
+    @torch.inference_mode()
+    def _profile_cuda_memory(self) -> int:
+        """Bytes the KV pool may take: total x gpu_memory_utilization, minus what is in use
+        (weights, CUDA context, other processes) and the peak of a profiling step.
+
+        The profiling step is the largest one the scheduler can make: max_num_batched_tokens
+        prompt tokens (in as many requests as max_model_len needs), then logits and a
+        top-p sample with logprobs for max_num_seqs rows, over a temporary KV cache."""
+        dev = self.device
+        sc = self.config.scheduler
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        free_before, total = torch.cuda.mem_get_info(dev)
+        used_before = total - free_before
+        allocated_before = torch.cuda.memory_allocated(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+
+        num_tokens = sc.max_num_batched_tokens
+        lens = [
+            min(self.max_model_len, num_tokens - i)
+            for i in range(0, num_tokens, self.max_model_len)
+        ]
+        bs = self.block_size
+        tables = []
+        next_block = 1  # block 0 stays the zero block
+        for n in lens:
+            count = -(-n // bs)
+            tables.append(list(range(next_block, next_block + count)))
+            next_block += count
+        self.num_blocks = next_block
+        self._allocate_kv_cache(log=False)
+        t0 = time.perf_counter()
+        width = max(len(t) for t in tables)
+        table_t = torch.zeros((len(tables), width), dtype=torch.int64)
+        for i, t in enumerate(tables):
+            table_t[i, : len(t)] = torch.tensor(t)
+        positions = torch.cat([torch.arange(n) for n in lens])
+        slots = torch.cat(
+            [
+                torch.tensor(t)[torch.arange(n) // bs] * bs + torch.arange(n) % bs
+                for t, n in zip(tables, lens)
+            ]
+        )
+        qsl = torch.tensor([0, *lens]).cumsum(0)
+        meta = AttentionMetadata(
+            num_tokens=num_tokens,
+            query_start_loc=qsl.to(dev),
+            seq_lens=torch.tensor(lens).to(dev),
+            slot_mapping=slots.to(dev),
+            block_tables=table_t.to(dev),
+            query_lens_cpu=list(lens),
+            seq_lens_cpu=list(lens),
+            block_size=bs,
+        )
+        meta = self.backend.build(meta)
+        ids = torch.randint(0, self.vocab_size, (num_tokens,), device=dev)
+        hidden = self.model(ids, positions.to(dev), meta)
+        rows = min(sc.max_num_seqs, num_tokens)
+        logits = self.model.compute_logits(hidden[:rows])
+        batch = SamplingBatch(
+            temperature=torch.ones(rows, device=dev),
+            top_k=None,
+            top_p=torch.full((rows,), 0.9, device=dev),
+            min_p=None,
+            all_greedy=False,
+            generators={},
+            max_logprobs=20,
+        )
+        self.sampler(logits, batch)
+        torch.cuda.synchronize(dev)
+        peak = torch.cuda.max_memory_allocated(dev) - allocated_before
+        kv_temp = sum(c.numel() * c.element_size() for c in self.kv_caches)
+        activations = peak - kv_temp
+        del hidden, logits, meta
+        for layer in self.model.attention_layers():
+            layer.kv_cache = None
+        self.kv_caches = []
+        torch.cuda.empty_cache()
+        # CUDA graphs of decode steps take a small pool of their own (<= max_num_seqs
+        # tokens of activations); keep room for it and for allocator fragmentation.
+        reserve = 512 * 2**20
+        budget = int(
+            total * self.config.cache.gpu_memory_utilization - used_before - activations - reserve
+        )
+        logger.info(
+            "memory profile (%.1f s): %.2f GiB total, %.2f GiB in use before the KV pool "
+            "(weights and CUDA context), %.2f GiB peak activations of a %d-token step, "
+            "%.2f GiB reserved for CUDA graphs -> %.2f GiB for KV blocks "
+            "(gpu_memory_utilization %.2f)",
+            time.perf_counter() - t0,
+            total / 2**30,
+            used_before / 2**30,
+            activations / 2**30,
+            num_tokens,
+            reserve / 2**30,
+            budget / 2**30,
+            self.config.cache.gpu_memory_utilization,
+        )
+        return budget
+
+    def _allocate_kv_cache(self, log: bool = True) -> None:
         attn = self.model.attention_layers()[0]
         shape = (2, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = []
@@ -145,6 +282,8 @@ class ModelRunner:
             cache[:, 0].zero_()
             layer.kv_cache = cache
             self.kv_caches.append(cache)
+        if not log:
+            return
         logger.info(
             "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB",
             self.num_blocks,
@@ -217,32 +356,46 @@ class ModelRunner:
                 sample_rows.append(len(input_ids) - 1)
 
         dev = self.device
+        num_reqs, num_tokens = len(tables), len(input_ids)
         width = max(len(t) for t in tables)
-        table_t = torch.zeros((len(tables), width), dtype=torch.int64)
+        table_t = torch.zeros((num_reqs, width), dtype=torch.int64)
         for i, t in enumerate(tables):
             table_t[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
         qsl = [0]
         for q in query_lens:
             qsl.append(qsl[-1] + q)
-        meta = AttentionMetadata(
-            num_tokens=len(input_ids),
-            query_start_loc=torch.tensor(qsl, dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=table_t.to(dev),
-            query_lens_cpu=query_lens,
-            seq_lens_cpu=seq_lens,
-            block_size=bs,
-        )
-        meta = self.backend.build(meta)
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev),
-            meta,
-        )
+        graph_size = None
+        if self.graphs is not None and num_tokens == num_reqs:  # decodes only
+            graph_size = self.graphs.size_for(num_reqs)
+        if graph_size is not None:
+            hidden = self.graphs.run(graph_size, input_ids, positions, slots, seq_lens, table_t)
+        else:
+            # Two host-to-device copies a step: the token-level ints in one tensor, the table.
+            packed = torch.tensor(
+                input_ids + positions + slots + seq_lens + qsl, dtype=torch.int64
+            ).to(dev, non_blocking=True)
+            ids_d, pos_d, slots_d, seq_d, qsl_d = packed.split(
+                [num_tokens, num_tokens, num_tokens, num_reqs, num_reqs + 1]
+            )
+            table_d = table_t.to(dev, non_blocking=True)
+            meta = AttentionMetadata(
+                num_tokens=num_tokens,
+                query_start_loc=qsl_d,
+                seq_lens=seq_d,
+                slot_mapping=slots_d,
+                block_tables=table_d,
+                query_lens_cpu=query_lens,
+                seq_lens_cpu=seq_lens,
+                block_size=bs,
+            )
+            meta = self.backend.build(meta)
+            hidden = self.model(ids_d, pos_d, meta)
         if not sample_ids:
             return ModelOutput([], None)
-        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+        if len(sample_rows) == num_tokens:  # every token samples (decodes): no gather
+            logits = self.model.compute_logits(hidden)
+        else:
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
         return ModelOutput(sample_ids, logits)
 
     @torch.inference_mode()
@@ -278,12 +431,13 @@ class ModelRunner:
         params = [s.params for s in states]
         dev, vocab = self.device, self.vocab_size
         temps = [0.0 if p.greedy else p.temperature for p in params]
+        all_greedy = all(t == 0.0 for t in temps)
         batch = SamplingBatch(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=dev),
+            temperature=None if all_greedy else torch.tensor(temps, device=dev),
             top_k=None,
             top_p=None,
             min_p=None,
-            all_greedy=all(t == 0.0 for t in temps),
+            all_greedy=all_greedy,
             generators={
                 i: s.generator
                 for i, s in enumerate(states)

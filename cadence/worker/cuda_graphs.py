@@ -1,0 +1,147 @@
+"""CUDA graphs of the model's forward pass for decode-only steps.
+
+A decode step of B requests has one query token per request, so its shapes depend on B
+alone. For each size in `sizes` the forward pass is captured once into a CUDA graph; a
+step of B requests replays the smallest captured size >= B with the rows past B padded:
+
+    input buffers (allocated once, never moved; the graphs read them by address, and so
+    every tensor a graph captured, the attention plans included, is kept alive here)
+        input_ids   [max]          token of each row           padding: 0
+        positions   [max]          its position                padding: 0
+        slot_mapping[max]          cache slot to write its K/V padding: -1 (not written)
+        seq_lens    [max]          tokens with K/V after it     padding: 1
+        block_tables[max, width]   its blocks                  padding: row of block 0
+        query_start_loc [max + 1]  arange: row i owns query token i (fixed)
+
+A padded row attends to slot 0 of block 0, which the model runner keeps zeroed, so it
+produces finite garbage that nobody reads. All graphs share one memory pool; they are
+captured largest first, so the smaller ones fit in what the larger ones reserved.
+
+The attention backend must be graph-safe for decodes: `decode_plan(n, device)` gives the
+fixed per-step plan the graph captures (the Triton backend has one; the torch reference
+plans on the host and runs eagerly).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from cadence.attention.base import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to max_batch (max_batch itself included)."""
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_batch]
+    sizes += list(range(16, max_batch + 1, 16))
+    if max_batch not in sizes:
+        sizes.append(max_batch)
+    return sorted(set(sizes))
+
+
+class DecodeGraphs:
+    def __init__(
+        self,
+        model,
+        backend,
+        device: torch.device,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.block_size = block_size
+        self.sizes = capture_sizes(max_batch)
+        self.max_batch = self.sizes[-1]
+        n = self.max_batch
+        with torch.device(device):
+            # One [4, n] tensor, so a step's token-level inputs arrive in one copy.
+            self.token_inputs = torch.zeros((4, n), dtype=torch.int64)
+            self.block_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int64)
+            self.query_start_loc = torch.arange(n + 1, dtype=torch.int64)
+        self.input_ids, self.positions, self.slot_mapping, self.seq_lens = self.token_inputs
+        self.slot_mapping.fill_(-1)
+        self.seq_lens.fill_(1)
+        # Pinned host staging buffers: the copies to the device do not block the CPU.
+        self.host_inputs = torch.zeros((4, n), dtype=torch.int64).pin_memory()
+        self.host_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int64).pin_memory()
+        self.metas: dict[int, AttentionMetadata] = {}  # kept alive: graphs read their plans
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}  # size -> hidden states [size, hidden]
+        self.num_replays = 0
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        meta = AttentionMetadata(
+            num_tokens=size,
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            slot_mapping=self.slot_mapping[:size],
+            block_tables=self.block_tables[:size],
+            query_lens_cpu=[1] * size,
+            seq_lens_cpu=[1] * size,
+            block_size=self.block_size,
+        )
+        meta.backend_data = self.backend.decode_plan(size, self.device)
+        return meta
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        """Capture every size; returns the seconds it took."""
+        t0 = time.perf_counter()
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for size in reversed(self.sizes):
+                meta = self.metas[size] = self._meta(size)
+                ids, pos = self.input_ids[:size], self.positions[:size]
+                self.model(ids, pos, meta)  # warm-up: compiles kernels outside the graph
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self.outputs[size] = self.model(ids, pos, meta)
+                pool = graph.pool()
+                self.graphs[size] = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def size_for(self, num_reqs: int) -> int | None:
+        """The captured size that serves `num_reqs` decodes, or None (run eagerly)."""
+        for size in self.sizes:
+            if size >= num_reqs:
+                return size
+        return None
+
+    def run(
+        self,
+        size: int,
+        input_ids: list[int],
+        positions: list[int],
+        slot_mapping: list[int],
+        seq_lens: list[int],
+        block_tables: torch.Tensor,  # [B, w] int64 on the host
+    ) -> torch.Tensor:
+        """Stage the step's inputs (padded on the host), copy them into the graph's
+        buffers (two host-to-device copies), replay. Returns hidden states [B, hidden].
+
+        The staging buffers are reused every step: safe because the caller waits for the
+        step's sampled tokens (which come after these copies) before the next step."""
+        b, width = block_tables.shape
+        host = self.host_inputs[:, :size]
+        host[:, :b] = torch.tensor([input_ids, positions, slot_mapping, seq_lens])
+        if size > b:  # padding rows: token 0 at position 0, no K/V write, one key
+            host[:, b:] = torch.tensor([[0], [0], [-1], [1]])
+        tables = self.host_tables[:size, :width]
+        tables[:b] = block_tables
+        tables[b:] = 0  # a padding row reads the zeroed block 0
+        self.token_inputs[:, :size].copy_(host, non_blocking=True)
+        self.block_tables[:size, :width].copy_(tables, non_blocking=True)
+        self.graphs[size].replay()
+        self.num_replays += 1
+        return self.outputs[size][:b]

@@ -1,0 +1,83 @@
+"""The model runner on a CUDA device: the Triton backend, CUDA graphs of decode steps and
+the memory profile. Skipped without CUDA (run them on the GPU machine)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from model_helpers import ARCHS, hf_greedy, make_prompts
+
+from cadence import LLM, SamplingParams
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+LENGTHS = [3, 9, 17, 31, 40, 5, 64, 23]
+NEW_TOKENS = 32
+GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def generate(llm: LLM, prompts) -> list[list[int]]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("kind", ARCHS)
+def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf_model):
+    path = tiny_model_dir(kind)
+    prompts = make_prompts(512, LENGTHS, seed=1)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = LLM(path, device="cuda", dtype="float32", num_gpu_blocks_override=512)
+    assert llm.engine.runner.backend.name == "triton"
+    assert generate(llm, prompts) == expected
+    assert llm.engine.runner.graphs.num_replays > 0  # decode steps replayed graphs
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_graph_replay_gives_the_same_tokens_as_eager(kind, tiny_model_dir):
+    path = tiny_model_dir(kind)
+    prompts = make_prompts(512, [5, 50, 7, 120, 33, 2, 90, 17, 64, 3], seed=3)
+    kw = dict(device="cuda", dtype="bfloat16", num_gpu_blocks_override=512)
+    graphs = LLM(path, **kw)
+    eager = LLM(path, enforce_eager=True, **kw)
+    assert eager.engine.runner.graphs is None
+    assert generate(graphs, prompts) == generate(eager, prompts)
+
+
+@pytest.mark.parametrize("kind", ARCHS)
+def test_bfloat16_logprobs_close_to_transformers(kind, tiny_model_dir, hf_model):
+    path = tiny_model_dir(kind)
+    prompt = make_prompts(512, [27], seed=7)[0]
+    llm = LLM(path, device="cuda", dtype="bfloat16", num_gpu_blocks_override=64)
+    out = llm.generate(
+        {"prompt_token_ids": prompt},
+        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, logprobs=5),
+        use_tqdm=False,
+    )[0].outputs[0]
+    model = hf_model(path)
+    ids = prompt + out.token_ids[:-1]
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    for step, lps in enumerate(out.logprobs):
+        row = ref[len(prompt) - 1 + step]
+        for tid, lp in lps.items():
+            assert abs(lp - float(row[tid])) < 0.1, (step, tid)
+
+
+def test_memory_profile_sizes_the_pool_from_the_utilization(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    blocks = {}
+    for util in (0.05, 0.10):
+        llm = LLM(path, device="cuda", dtype="bfloat16", gpu_memory_utilization=util)
+        blocks[util] = llm.engine.runner.num_blocks
+        per_block = llm.engine.runner._kv_bytes_per_block()
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    total = torch.cuda.mem_get_info()[1]
+    grown = (blocks[0.10] - blocks[0.05]) * per_block
+    assert abs(grown - 0.05 * total) < 0.01 * total
