@@ -22,7 +22,7 @@ LOG="$OUT/bench.log"
 } 2>&1 | tee "$LOG"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   # One process per file: a CUDA error in one must not poison the other's context.
-  for t in tests/worker/test_cuda_runner.py tests/attention/test_triton_paged.py; do
+  for t in tests/worker/test_cuda_runner.py tests/layers/test_fused.py tests/attention/test_triton_paged.py; do
     python3 -m pytest -q -m gpu "$t" -p no:cacheprovider -x 2>&1 | tee -a "$OUT/tests.log" | tail -5
   done
 fi
@@ -47,7 +47,4 @@ run lat_b1_eager latency $M $COMMON --batch-size 1 --input-len 128 --output-len 
 run lat_b64_eager latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
 run tput_128 throughput $M $COMMON --num-prompts 256 --input-len 128 --output-len 256
 run tput_1024 throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256
-# Where a batch-1 decode step's CPU time goes (cProfile slows Python: read it as shares).
-echo "== cProfile, batch 1" | tee -a "$LOG"
-python3 -m cProfile -s tottime -m cadence.cli.main bench latency $M $COMMON --batch-size 1 \
-  --input-len 128 --output-len 256 --num-iters 1 2>&1 | grep -A35 "Ordered by" | tee -a "$LOG" | tail -3
+run tput_1024_8k throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256 --max-num-batched-tokens 8192

@@ -53,8 +53,15 @@ class RotaryEmbedding(nn.Module):
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [T, Hq, D], k: [T, Hkv, D]; cos/sin: [T, 1, D]."""
+    """q: [T, Hq, D], k: [T, Hkv, D]; cos/sin: [T, 1, D]. On CUDA, q and k are rotated
+    in place by one Triton kernel (they are views of this layer's fresh qkv output)."""
     cos, sin = cos_sin
+    half = q.shape[-1] // 2
+    if q.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1 and half & (half - 1) == 0:
+        from cadence.layers import fused
+
+        fused.rotary_(q, k, cos, sin)
+        return q, k
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 

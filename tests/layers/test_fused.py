@@ -1,0 +1,76 @@
+"""The fused Triton kernels of cadence/layers/fused.py equal the PyTorch layers they replace.
+
+On a CPU they run through Triton's interpreter, in a child process (TRITON_INTERPRET must
+be set before triton is imported, and this process may have imported it already)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+
+def check_all(device: str) -> None:
+    from cadence.layers import fused
+    from cadence.layers.activation import SiluAndMul
+    from cadence.layers.norm import RMSNorm
+    from cadence.layers.rotary import _rotate_half
+
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        # RMSNorm, with and without the residual; an odd width (masked columns).
+        for width in (64, 100):
+            norm = RMSNorm(width, 1e-6).to(device, dtype)
+            norm.weight.data.uniform_(0.5, 1.5)
+            x = torch.randn(5, width, device=device, dtype=dtype)
+            r = torch.randn(5, width, device=device, dtype=dtype)
+            torch.testing.assert_close(
+                fused.rms_norm(x, norm.weight, norm.eps), norm._norm(x), atol=tol, rtol=tol
+            )
+            got, got_res = fused.add_rms_norm(x, r, norm.weight, norm.eps)
+            want, want_res = RMSNorm.forward(norm, x, r)
+            # Exact in float32; bf16 within a rounding step (the interpreter truncates
+            # float32 -> bf16 where GPUs round to nearest).
+            exact = dtype == torch.float32
+            torch.testing.assert_close(
+                got_res, want_res, atol=0 if exact else tol, rtol=0 if exact else tol
+            )
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        # SiLU and mul, over a strided view (rows of a wider buffer).
+        buf = torch.randn(4, 2 * 48 + 8, device=device, dtype=dtype)
+        x = buf[:, : 2 * 48]
+        torch.testing.assert_close(fused.silu_and_mul(x), SiluAndMul()(x), atol=tol, rtol=tol)
+        # Rotary in place on q / k views of a fused qkv buffer, GQA 4:2, head_dim 16.
+        t, hq, hk, d = 6, 4, 2, 16
+        qkv = torch.randn(t, (hq + 2 * hk) * d, device=device, dtype=dtype)
+        q = qkv[:, : hq * d].view(t, hq, d)
+        k = qkv[:, hq * d : (hq + hk) * d].view(t, hk, d)
+        ang = torch.randn(t, 1, d, device=device)
+        cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        want_q = q * cos + _rotate_half(q) * sin
+        want_k = k * cos + _rotate_half(k) * sin
+        v_before = qkv[:, (hq + hk) * d :].clone()
+        fused.rotary_(q, k, cos, sin)
+        torch.testing.assert_close(q, want_q, atol=tol, rtol=tol)
+        torch.testing.assert_close(k, want_k, atol=tol, rtol=tol)
+        assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
+
+
+def test_fused_kernels_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_fused; test_fused.check_all('cpu')"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_kernels_on_cuda():
+    check_all("cuda")
