@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import time
 
-from cadence.config import EngineConfig
+from cadence.config import DEFAULT_BATCHED_TOKENS, EngineConfig
 from cadence.core.kv_cache import KVCacheManager, make_block_hasher
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import RequestUpdate, Scheduler, SchedulerStats
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager
-from cadence.worker.model_runner import ModelRunner
+from cadence.worker.model_runner import ModelRunner, pick_device
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ class EngineCore:
         t0 = time.perf_counter()
         config.validate()
         self.config = config
+        if config.scheduler.max_num_batched_tokens is None:
+            device = pick_device(config.device).type
+            config.scheduler.max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(device, 2048)
         self.runner = ModelRunner(config)
         cache = config.cache
         pool_tokens = self.runner.num_blocks * cache.block_size
