@@ -292,34 +292,41 @@ class Serving:
         def chunk(choices, usage_=None):
             return self._chunk(base_id, "text_completion", created, choices, usage_)
 
-        for i, (prompt, p) in enumerate(zip(prompts, params)):
-            usage.prompt_tokens += len(prompt.token_ids)
-            cursor = _StreamCursor(self.client.output_processor, p.n)
-            echoed = [not req.echo] * p.n
-            async for state in self._run(f"{base_id}-{i}", prompt, p, req.priority):
-                for out, delta, new_ids, new_lps, finished in cursor.deltas(state):
-                    if not echoed[out.index]:
-                        delta = (
-                            prompt.text
-                            if prompt.text is not None
-                            else self._decode(prompt.token_ids)
-                        ) + delta
-                        echoed[out.index] = True
-                    lp = None
-                    if req.logprobs is not None and new_ids:
-                        lp = self._completion_logprobs(new_ids, new_lps, req.logprobs)
-                    yield chunk(
-                        [
-                            {
-                                "index": i * req.n + out.index,
-                                "text": delta,
-                                "logprobs": lp,
-                                "finish_reason": _finish(out.finish_reason) if finished else None,
-                                "stop_reason": out.stop_reason if finished else None,
-                            }
-                        ]
-                    )
-            usage.completion_tokens += sum(len(s.output.token_ids) for s in state.samples)
+        # Every prompt runs at once; their chunks interleave as tokens arrive.
+        cursors = [_StreamCursor(self.client.output_processor, p.n) for p in params]
+        echoed = [[not req.echo] * p.n for p in params]
+        finals: dict[int, object] = {}
+        runs = [
+            self._run(f"{base_id}-{i}", prompt, p, req.priority)
+            for i, (prompt, p) in enumerate(zip(prompts, params))
+        ]
+        async for i, state in _merge(runs):
+            prompt = prompts[i]
+            finals[i] = state
+            for out, delta, new_ids, new_lps, finished in cursors[i].deltas(state):
+                if not echoed[i][out.index]:
+                    delta = (
+                        prompt.text if prompt.text is not None else self._decode(prompt.token_ids)
+                    ) + delta
+                    echoed[i][out.index] = True
+                lp = None
+                if req.logprobs is not None and new_ids:
+                    lp = self._completion_logprobs(new_ids, new_lps, req.logprobs)
+                yield chunk(
+                    [
+                        {
+                            "index": i * req.n + out.index,
+                            "text": delta,
+                            "logprobs": lp,
+                            "finish_reason": _finish(out.finish_reason) if finished else None,
+                            "stop_reason": out.stop_reason if finished else None,
+                        }
+                    ]
+                )
+        usage.prompt_tokens = sum(len(p.token_ids) for p in prompts)
+        usage.completion_tokens = sum(
+            len(s.output.token_ids) for state in finals.values() for s in state.samples
+        )
         if include_usage:
             usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
             yield chunk([], usage.model_dump(exclude_none=True))
@@ -563,6 +570,39 @@ class _StreamCursor:
             self.sent_tokens[i] = len(out.token_ids)
             self.final_sent[i] = finished
             yield out, delta, new_ids, new_lps, finished
+
+
+async def _merge(runs: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
+    """(index of the run, item) from several async iterators at once, as items arrive.
+    The first error ends the merge; leaving it early (a hang-up) cancels every run, whose
+    own cleanup then aborts its request in the engine."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i: int, run: AsyncIterator) -> None:
+        try:
+            async for item in run:
+                await queue.put((i, item))
+        except Exception as e:
+            await queue.put((i, e))
+            return
+        await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, run)) for i, run in enumerate(runs)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _finish(reason: str | None) -> str | None:

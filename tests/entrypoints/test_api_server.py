@@ -71,6 +71,27 @@ def test_prompt_forms_string_list_ids_and_id_lists(client, model_name, http):
     assert [c.text for c in id_lists.choices] == [text, text]
 
 
+def test_streamed_prompt_list_interleaves_and_equals_non_streamed(client, model_name):
+    prompts = ["Hello there", "One two three", "The sky is"]
+    whole = client.completions.create(model=model_name, prompt=prompts, **GREEDY)
+    texts, order, usage = {}, [], None
+    for chunk in client.completions.create(
+        model=model_name,
+        prompt=prompts,
+        stream=True,
+        stream_options={"include_usage": True},
+        **GREEDY,
+    ):
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+            order.append(c.index)
+    assert [texts[i] for i in range(3)] == [c.text for c in whole.choices]
+    # The prompts ran together: prompt 0 had not finished when prompt 1 first streamed.
+    assert order.index(1) < len(order) - 1 - order[::-1].index(0)
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
 def test_chat_basic(client, model_name):
     r = client.chat.completions.create(
         model=model_name,

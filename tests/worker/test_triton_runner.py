@@ -1,0 +1,62 @@
+"""The model runner with the Triton attention backend, end to end on the CPU through
+Triton's interpreter: greedy float32 tokens equal transformers, prefill chunks and decodes
+mixed in one step. (On CUDA the same is checked, with graphs, in test_cuda_runner.py.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+CHECK = """
+import sys, zlib, tempfile
+sys.path.insert(0, {tests!r})
+import torch
+from model_helpers import build_tiny, make_prompts, hf_greedy
+from cadence import LLM, SamplingParams
+
+config, cls = build_tiny("llama")
+torch.manual_seed(zlib.crc32(b"llama"))
+model = cls(config).eval()
+path = tempfile.mkdtemp()
+model.save_pretrained(path)
+prompts = make_prompts(512, [3, 9, 21], seed=1)
+expected = [hf_greedy(model, p, 5) for p in prompts]
+# A budget of 8 tokens: prefill chunks and decodes share steps.
+llm = LLM(path, dtype="float32", attention_backend="triton", num_gpu_blocks_override=64,
+          max_num_batched_tokens=8)
+assert llm.engine.runner.backend.name == "triton"
+outs = llm.generate([{{"prompt_token_ids": p}} for p in prompts],
+                    SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+got = [o.outputs[0].token_ids for o in outs]
+assert got == expected, (got, expected)
+"""
+
+
+def test_triton_backend_in_the_engine_under_the_interpreter():
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK.format(tests=tests)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_triton_backend_needs_cuda_outside_the_interpreter(monkeypatch, tiny_model_dir):
+    import torch
+
+    from cadence import LLM
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the triton backend is allowed here")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        LLM(tiny_model_dir("llama"), attention_backend="triton", num_gpu_blocks_override=8)
