@@ -7,7 +7,8 @@ Two stages, as xgrammar splits them:
     compile_grammar(...)     against the model's vocabulary (GrammarCompiler); the engine
                              runs it on a worker thread and caches the result by cache_key.
 
-JSON schemas are compiled in xgrammar's strict mode (no properties or items the schema does
+Schemas are first normalized (normalize_schema: older drafts' tuple and exclusive-bound
+spellings, required names without a property). JSON schemas are compiled in xgrammar's strict mode (no properties or items the schema does
 not name), falling back to non-strict when strict mode cannot satisfy the schema (say, an
 array with minItems and no items schema). Keywords xgrammar would silently ignore are
 refused instead (see UNSUPPORTED_KEYWORDS): a user who asked for uniqueItems should hear
@@ -61,6 +62,10 @@ def unsupported_features(schema: Any, path: str = "#") -> list[str]:
     for key, what in UNSUPPORTED_KEYWORDS.items():
         if key in schema:
             found.append(f"{what} ('{key}' at {path})")
+    multiple = schema.get("multipleOf")
+    if multiple is not None and not (schema.get("type") == "integer" and isinstance(multiple, int)):
+        # xgrammar enforces multipleOf on integer schemas with an integer divisor only.
+        found.append(f"multipleOf on non-integer numbers ('multipleOf' at {path})")
     if schema.get("uniqueItems") is True:
         found.append(f"uniqueItems ('uniqueItems' at {path})")
     if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
@@ -75,6 +80,66 @@ def unsupported_features(schema: Any, path: str = "#") -> list[str]:
                 found += unsupported_features(sub, f"{path}/{key}/{i}")
     for key in _SCHEMA_VALUES:
         found += unsupported_features(schema.get(key), f"{path}/{key}")
+    return found
+
+
+def normalize_schema(schema: Any) -> Any:
+    """A copy of `schema` in the dialect xgrammar reads, for older drafts' spellings:
+
+    - draft 4-7 tuples, `items: [a, b]` (+ `additionalItems`) -> `prefixItems` (+ `items`);
+    - draft 4 boolean `exclusiveMinimum: true` (+ `minimum`) -> `exclusiveMinimum: <number>`;
+    - a `required` name with no entry in `properties` gets `{}` (any value): xgrammar would
+      otherwise leave it out, and the output would fail the user's validator.
+    """
+    if isinstance(schema, list):
+        return [normalize_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: normalize_schema(v) for k, v in schema.items()}
+    if isinstance(out.get("items"), list):
+        out["prefixItems"] = out.pop("items")
+        if "additionalItems" in out:
+            out["items"] = out.pop("additionalItems")
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        flag = out.get(exclusive)
+        if isinstance(flag, bool):
+            del out[exclusive]
+            if flag and bound in out:
+                out[exclusive] = out.pop(bound)
+    required = out.get("required")
+    if isinstance(required, list) and ("properties" in out or out.get("type") == "object"):
+        props = out.setdefault("properties", {})
+        if isinstance(props, dict):
+            for name in required:
+                if isinstance(name, str) and name not in props:
+                    props[name] = {}
+    return out
+
+
+def unsupported_patterns(schema: Any, path: str = "#") -> list[str]:
+    """'pattern at path: why' for every regex xgrammar cannot enforce (it would skip a
+    lookahead, say, and let through strings the user's validator rejects)."""
+    import xgrammar as xgr
+
+    found: list[str] = []
+    if isinstance(schema, dict):
+        patterns = []
+        if isinstance(schema.get("pattern"), str):
+            patterns.append((schema["pattern"], f"{path}/pattern"))
+        if isinstance(schema.get("patternProperties"), dict):
+            patterns += [(k, f"{path}/patternProperties") for k in schema["patternProperties"]]
+        for pattern, where in patterns:
+            try:
+                xgr.Grammar.from_regex(pattern)
+            except Exception as e:
+                found.append(f"pattern {pattern!r} at {where}: {_clean(e)}")
+        for key, value in schema.items():
+            if key in ("enum", "const", "examples", "default"):
+                continue  # values, not schemas
+            found += unsupported_patterns(value, f"{path}/{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            found += unsupported_patterns(value, f"{path}/{i}")
     return found
 
 
@@ -104,7 +169,8 @@ def _schema_text(p: StructuredOutputsParams) -> str:
         raise ValueError(
             f"a JSON schema must be an object (or true / false), got {type(schema).__name__}"
         )
-    problems = unsupported_features(schema)
+    schema = normalize_schema(schema)
+    problems = unsupported_features(schema) + unsupported_patterns(schema)
     if problems:
         raise ValueError(
             "the JSON schema uses features structured outputs cannot enforce: "

@@ -7,7 +7,12 @@ from schema_cases import SCHEMA_CASES
 
 from cadence.sampling_params import SamplingParams
 from cadence.sampling_params import StructuredOutputsParams as S
-from cadence.structured.grammar import cache_key, to_grammar, unsupported_features
+from cadence.structured.grammar import (
+    cache_key,
+    normalize_schema,
+    to_grammar,
+    unsupported_features,
+)
 
 
 @pytest.mark.parametrize("case", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])
@@ -60,6 +65,9 @@ def test_keywords_that_cannot_be_enforced_are_refused_with_their_path():
     ]
     with pytest.raises(ValueError, match="cannot enforce: uniqueItems"):
         to_grammar(S(json=schema))
+    with pytest.raises(ValueError, match="multipleOf on non-integer"):
+        to_grammar(S(json={"type": "number", "multipleOf": 0.5}))
+    to_grammar(S(json={"type": "integer", "multipleOf": 5}))  # this one is enforced
     with pytest.raises(ValueError, match="allOf with more than one"):
         to_grammar(S(json={"allOf": [{"type": "object"}, {"required": ["a"]}]}))
 
@@ -94,3 +102,38 @@ def test_sampling_params_verify_checks_the_constraint_shape():
     # A plain dict is accepted (msgspec and users alike).
     p = SamplingParams(structured_outputs={"choice": ["a", "b"]})
     assert p.structured_outputs.choice == ["a", "b"]
+
+
+def test_older_drafts_are_normalized():
+    tuple_schema = {"type": "array", "items": [{"type": "string"}], "additionalItems": False}
+    assert normalize_schema(tuple_schema) == {
+        "type": "array",
+        "prefixItems": [{"type": "string"}],
+        "items": False,
+    }
+    draft4 = {
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": 9,
+        "exclusiveMaximum": False,
+    }
+    assert normalize_schema(draft4) == {"type": "number", "exclusiveMinimum": 0, "maximum": 9}
+    to_grammar(S(json=tuple_schema))
+    to_grammar(S(json=draft4))
+
+
+def test_required_names_without_a_property_still_appear():
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]}
+    assert normalize_schema(schema)["properties"] == {"a": {"type": "string"}, "b": {}}
+    assert schema["properties"] == {"a": {"type": "string"}}  # the caller's copy untouched
+
+
+def test_patterns_xgrammar_would_skip_are_refused_with_their_path():
+    schema = {
+        "type": "object",
+        "properties": {"password": {"type": "string", "pattern": "^(?=.*[A-Z]).{8,}$"}},
+    }
+    with pytest.raises(ValueError, match=r"pattern '\^\(\?=.*' at #/properties/password/pattern"):
+        to_grammar(S(json=schema))
+    to_grammar(S(json={"type": "string", "pattern": "^[a-z]+@example\\.com$"}))
