@@ -358,9 +358,8 @@ class ModelRunner:
         dev = self.device
         num_reqs, num_tokens = len(tables), len(input_ids)
         width = max(len(t) for t in tables)
-        table_t = torch.zeros((num_reqs, width), dtype=torch.int64)
-        for i, t in enumerate(tables):
-            table_t[i, : len(t)] = torch.tensor(t, dtype=torch.int64)
+        # One tensor from padded rows (a torch.tensor call per row costs ~5 us each).
+        table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
         qsl = [0]
         for q in query_lens:
             qsl.append(qsl[-1] + q)
