@@ -48,3 +48,7 @@ run lat_b64_eager latency $M $COMMON --batch-size 64 --input-len 128 --output-le
 run tput_128 throughput $M $COMMON --num-prompts 256 --input-len 128 --output-len 256
 run tput_1024 throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256
 run tput_1024_8k throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256 --max-num-batched-tokens 8192
+# Async scheduling (not yet measured when this script was written)
+run lat_b1_async latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --async-scheduling
+run lat_b64_async latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --async-scheduling
+run tput_128_async throughput $M $COMMON --num-prompts 256 --input-len 128 --output-len 256 --async-scheduling

@@ -69,6 +69,9 @@ class Request:
         self.enqueue_step = 0  # scheduler step at which it last joined the waiting queue
         self.stop_reason: int | None = None  # the stop token id that ended it, if any
         self.unsent_token_ids: list[int] = []  # forced tokens the worker has not been sent
+        # Async scheduling: tokens sampled by a step still in flight (0 or 1). The next
+        # step may already compute on them; their ids arrive with the update.
+        self.num_placeholders = 0
         # Chained hashes of every full block of all_token_ids, extended as tokens arrive.
         self._block_hasher = block_hasher
         self.block_hashes: list[bytes] = []

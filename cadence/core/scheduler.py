@@ -12,6 +12,12 @@ No phases: each step hands out a token budget (`max_num_batched_tokens`).
 
 `schedule()` returns a SchedulerOutput of deltas for the worker; `update()` takes the tokens
 the worker sampled, appends them, checks stop conditions and frees finished requests.
+
+With `async_scheduling`, step N+1 is scheduled before step N's tokens are known: schedule()
+advances num_computed_tokens itself and counts a placeholder for each token the step will
+sample, so the next schedule() sees that token as one to compute (the worker fills its id
+in on the device). update(N) then only appends the ids. A request that turns out to have
+finished at N may have computed one token more at N+1; that token is dropped.
 """
 
 from __future__ import annotations
@@ -177,8 +183,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            if num_new <= 0:
+            num_new = min(req.num_tokens + req.num_placeholders - req.num_computed_tokens, budget)
+            if num_new <= 0 or (req.num_placeholders and self._ends_with_placeholder(req)):
                 i += 1
                 continue
             while True:
@@ -202,6 +208,8 @@ class Scheduler:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self.waiting[0]
+            if req.num_placeholders:
+                break  # preempted while its last token was in flight: wait for that token
             hits, num_hit_tokens = [], 0
             if req.num_computed_tokens == 0:
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
@@ -258,6 +266,12 @@ class Scheduler:
                     new_token_ids=req.take_unsent_tokens(),
                 )
             )
+        if self.config.async_scheduling:
+            for rid, num in out.num_scheduled_tokens.items():
+                req = self.requests[rid]
+                req.num_computed_tokens += num
+                if req.num_computed_tokens == req.num_tokens + req.num_placeholders:
+                    req.num_placeholders += 1  # this step samples a token for it
         preempted += priority_preempted
         out.preempted_ids = [r.request_id for r in preempted if r.status == RequestStatus.PREEMPTED]
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
@@ -314,14 +328,25 @@ class Scheduler:
     def update(self, sched: SchedulerOutput, result: SampledTokens) -> list[RequestUpdate]:
         """Advance computed counts, append sampled tokens, finish what must finish."""
         updates: list[RequestUpdate] = []
+        async_mode = self.config.async_scheduling
         for rid, num in sched.num_scheduled_tokens.items():
             req = self.requests.get(rid)
-            if req is None or req.status != RequestStatus.RUNNING:
+            if req is None:
+                continue  # finished or aborted since it was scheduled
+            if async_mode:
+                # Counted at schedule time. A request preempted since then still gets the
+                # token it sampled (it is real output); it recomputes everything later.
+                if req.status not in (RequestStatus.RUNNING, RequestStatus.PREEMPTED):
+                    continue
+            elif req.status != RequestStatus.RUNNING:
                 continue  # aborted between schedule and update
-            req.num_computed_tokens += num
+            else:
+                req.num_computed_tokens += num
             token = result.sampled.get(rid)
             if token is None:
                 continue  # a prefill chunk that did not reach the prompt's end
+            if async_mode:
+                req.num_placeholders -= 1
             req.append_output_token(token)
             lp = result.logprobs.get(rid)
             status = self._check_stop(req, token)
@@ -335,7 +360,7 @@ class Scheduler:
                 if status is not None:
                     break
             if status is not None:
-                self.running.remove(req)
+                (self.running if req.status == RequestStatus.RUNNING else self.waiting).remove(req)
                 self._finish(req, status)
             updates.append(
                 RequestUpdate(
@@ -351,6 +376,15 @@ class Scheduler:
                 )
             )
         return updates
+
+    def _ends_with_placeholder(self, req: Request) -> bool:
+        """The token in flight is its last whatever it is (max_tokens or the context):
+        computing another step for it would be wasted."""
+        planned = req.num_tokens + req.num_placeholders
+        max_tokens = req.sampling_params.max_tokens
+        if max_tokens is not None and req.num_output_tokens + req.num_placeholders >= max_tokens:
+            return True
+        return planned >= self.config.max_model_len
 
     def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
         params = req.sampling_params

@@ -74,6 +74,8 @@ class EngineCore:
             sc.grammar_compile_threads,
         )
         self._awaiting_grammar: dict[str, Request] = {}
+        # Async scheduling: the last step's (schedule, launched sampling), read next step.
+        self._in_flight = None
         self._failed: list[tuple[str, str]] = []  # (request id, why): grammars that failed
         cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
         logger.info(
@@ -140,7 +142,11 @@ class EngineCore:
             self.grammars.remove(req.request_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._awaiting_grammar)
+        return (
+            self.scheduler.has_unfinished_requests()
+            or bool(self._awaiting_grammar)
+            or self._in_flight is not None
+        )
 
     def take_failed(self) -> list[tuple[str, str]]:
         """(request id, error) of requests dropped since the last call: their grammar did
@@ -149,6 +155,8 @@ class EngineCore:
         return failed
 
     def step(self) -> list[RequestUpdate]:
+        if self.config.scheduler.async_scheduling:
+            return self._step_async()
         if self._awaiting_grammar:
             self._admit_compiled()
         sched = self.scheduler.schedule()
@@ -169,6 +177,42 @@ class EngineCore:
             self.kv.check_integrity()
         return updates
 
+    def _step_async(self) -> list[RequestUpdate]:
+        """Schedule and launch step N+1 before reading step N's tokens back:
+
+            sched   = schedule()                   N+1; N's tokens count as placeholders
+            out     = execute_model(sched)         queued; placeholder ids come from the
+                                                   device copy of N's sampled tokens
+            sampled = resolve(N)                   the one wait, while N+1 computes
+            updates = update(N)                    append, stop, free
+            masks   = fill_bitmask(N+1 rows)       grammars have seen N's tokens
+            sample_async(out, masks)               N+1's tokens, read back next call
+
+        Returns step N's updates. No jump-forward: forced tokens would have to come
+        before the token N+1 is already computing."""
+        if self._awaiting_grammar:
+            self._admit_compiled()
+        sched = self.scheduler.schedule()
+        for rid in sched.finished_ids:
+            self.grammars.remove(rid)
+        model_out = self.runner.execute_model(sched)
+        updates: list[RequestUpdate] = []
+        if self._in_flight is not None:
+            prev_sched, pending = self._in_flight
+            self._in_flight = None
+            sampled = self.runner.resolve(pending)
+            if self.grammars.matchers:
+                self._advance_grammars(sampled, jump=False)
+            updates = self.scheduler.update(prev_sched, sampled)
+        if model_out.sample_ids:
+            bitmask = None
+            if self.grammars.matchers:
+                bitmask = self.grammars.fill_bitmask(model_out.sample_ids)
+            self._in_flight = (sched, self.runner.sample_async(model_out, bitmask))
+        if self.config.check_kv_integrity:
+            self.kv.check_integrity()
+        return updates
+
     def _admit_compiled(self) -> None:
         """Move requests whose grammar is ready into the scheduler. With nothing else to
         run, wait briefly for a compile instead of spinning."""
@@ -180,8 +224,8 @@ class EngineCore:
             self._awaiting_grammar.pop(rid, None)
             self._failed.append((rid, why))
 
-    def _advance_grammars(self, sampled) -> None:
-        jump = self.config.structured.jump_forward
+    def _advance_grammars(self, sampled, jump: bool = True) -> None:
+        jump = jump and self.config.structured.jump_forward
         for rid, token in sampled.sampled.items():
             req = self.scheduler.requests.get(rid)
             if req is None or rid not in self.grammars.matchers:

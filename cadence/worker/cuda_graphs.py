@@ -126,6 +126,7 @@ class DecodeGraphs:
         slot_mapping: list[int],
         seq_lens: list[int],
         block_tables: torch.Tensor,  # [B, w] int64 on the host
+        fill: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Stage the step's inputs (padded on the host), copy them into the graph's
         buffers (two host-to-device copies), replay. Returns hidden states [B, hidden].
@@ -142,6 +143,8 @@ class DecodeGraphs:
         tables[b:] = 0  # a padding row reads the zeroed block 0
         self.token_inputs[:, :size].copy_(host, non_blocking=True)
         self.block_tables[:size, :width].copy_(tables, non_blocking=True)
+        if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
+            self.input_ids[fill[0]] = fill[1]
         self.graphs[size].replay()
         self.num_replays += 1
         return self.outputs[size][:b]

@@ -19,7 +19,7 @@ from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
-from cadence.layers.sampler import Sampler, SamplingBatch
+from cadence.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
 from cadence.sampling_params import SamplingParams
 from cadence.worker.cuda_graphs import DecodeGraphs
@@ -37,6 +37,18 @@ class _RequestState:
     generator: torch.Generator | None
     block_ids: list[int]
     num_computed_tokens: int
+    num_pending: int = 0  # sampled by a step whose ids have not been read back yet
+
+
+@dataclass
+class PendingSample:
+    """A step's sampling, launched but not read back (async scheduling reads it a step
+    later, while the next forward pass runs)."""
+
+    sample_ids: list[str]
+    out: SamplerOutput
+    host_tokens: torch.Tensor  # filled by a non-blocking copy once `ready` has passed
+    ready: torch.cuda.Event | None
 
 
 @dataclass
@@ -101,6 +113,9 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
+        self._last_tokens: torch.Tensor | None = None  # the last sampled ids, on the device
+        self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
+        self._host_tokens: torch.Tensor | None = None  # pinned landing buffer (CUDA)
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.graphs: DecodeGraphs | None = None
@@ -340,18 +355,26 @@ class ModelRunner:
         sample_ids: list[str] = []
         sample_rows: list[int] = []  # index of each sampling request's last query token
         bs = self.block_size
+        fill_rows: list[int] = []  # query tokens whose id is still on the device ...
+        fill_from: list[int] = []  # ... at this row of the last sampled tokens
         for rid, n in sched.num_scheduled_tokens.items():
             st = self.requests[rid]
             start = st.num_computed_tokens
             end = start + n
+            known = len(st.token_ids)
             input_ids.extend(st.token_ids[start:end])
+            if end > known:  # async scheduling: the token sampled last step, not read yet
+                assert end == known + 1 == known + st.num_pending, (rid, end, known)
+                fill_rows.append(len(input_ids))
+                fill_from.append(self._last_rows[rid])
+                input_ids.append(0)
             positions.extend(range(start, end))
             blocks = st.block_ids
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             query_lens.append(n)
             seq_lens.append(end)
             tables.append(blocks)
-            if end == len(st.token_ids):
+            if end == known + st.num_pending:
                 sample_ids.append(rid)
                 sample_rows.append(len(input_ids) - 1)
 
@@ -366,8 +389,14 @@ class ModelRunner:
         graph_size = None
         if self.graphs is not None and num_tokens == num_reqs:  # decodes only
             graph_size = self.graphs.size_for(num_reqs)
+        fill = None
+        if fill_rows:
+            rows = torch.tensor([fill_rows, fill_from], dtype=torch.int64).to(dev)
+            fill = (rows[0], self._last_tokens[rows[1]])
         if graph_size is not None:
-            hidden = self.graphs.run(graph_size, input_ids, positions, slots, seq_lens, table_t)
+            hidden = self.graphs.run(
+                graph_size, input_ids, positions, slots, seq_lens, table_t, fill
+            )
         else:
             # Two host-to-device copies a step: the token-level ints in one tensor, the table.
             packed = torch.tensor(
@@ -377,6 +406,8 @@ class ModelRunner:
                 [num_tokens, num_tokens, num_tokens, num_reqs, num_reqs + 1]
             )
             table_d = table_t.to(dev, non_blocking=True)
+            if fill is not None:
+                ids_d[fill[0]] = fill[1]
             meta = AttentionMetadata(
                 num_tokens=num_tokens,
                 query_start_loc=qsl_d,
@@ -401,22 +432,57 @@ class ModelRunner:
     def sample(
         self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
     ) -> SampledTokens:
-        """Sample one token per row of `model_out`. `grammar_bitmask` ([rows, ceil(V/32)]
-        int32 on the CPU, a set bit allows a token) constrains structured-output rows."""
+        """Sample one token per row of `model_out` and read them back. `grammar_bitmask`
+        ([rows, ceil(V/32)] int32 on the CPU, a set bit allows a token) constrains
+        structured-output rows."""
+        return self.resolve(self.sample_async(model_out, grammar_bitmask))
+
+    @torch.inference_mode()
+    def sample_async(
+        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
+    ) -> PendingSample | None:
+        """Launch sampling; the ids stay on the device (the next step's inputs can take
+        them from there) and start their copy to the host without waiting for it."""
         rids, logits = model_out.sample_ids, model_out.logits
         if not rids:
-            return SampledTokens()
+            return None
         batch = self._sampling_batch(rids)
         if grammar_bitmask is not None:
             batch.allowed_bitmask = grammar_bitmask.to(self.device, non_blocking=True)
         out = self.sampler(logits, batch)
-        tokens = out.token_ids.tolist()  # the step's one device-to-host copy
+        self._last_tokens = out.token_ids
+        self._last_rows = {rid: i for i, rid in enumerate(rids)}
+        for rid in rids:
+            self.requests[rid].num_pending += 1
+        ready = None
+        host = out.token_ids
+        if self.device.type == "cuda":
+            if self._host_tokens is None or self._host_tokens.numel() < len(rids):
+                self._host_tokens = torch.empty(max(len(rids), 256), dtype=torch.int64).pin_memory()
+            host = self._host_tokens[: len(rids)]
+            host.copy_(out.token_ids, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record()
+        return PendingSample(rids, out, host, ready)
+
+    def resolve(self, pending: PendingSample | None) -> SampledTokens:
+        """Wait for a launched sampling and append its ids: the step's one device-to-host
+        copy. Requests that finished or were aborted meanwhile are skipped."""
         result = SampledTokens()
+        if pending is None:
+            return result
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        tokens = pending.host_tokens.tolist()
+        out = pending.out
         lps = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_ids.tolist() if out.top_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        for i, rid in enumerate(rids):
-            st = self.requests[rid]
+        for i, rid in enumerate(pending.sample_ids):
+            st = self.requests.get(rid)
+            if st is None:
+                continue
+            st.num_pending -= 1
             st.token_ids.append(tokens[i])
             result.sampled[rid] = tokens[i]
             k = st.params.logprobs

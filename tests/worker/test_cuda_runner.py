@@ -81,3 +81,20 @@ def test_memory_profile_sizes_the_pool_from_the_utilization(tiny_model_dir):
     total = torch.cuda.mem_get_info()[1]
     grown = (blocks[0.10] - blocks[0.05]) * per_block
     assert abs(grown - 0.05 * total) < 0.01 * total
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_async_scheduling_with_graphs_equals_transformers(kind, tiny_model_dir, hf_model):
+    path = tiny_model_dir(kind)
+    prompts = make_prompts(512, LENGTHS, seed=1)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = LLM(
+        path,
+        device="cuda",
+        dtype="float32",
+        num_gpu_blocks_override=512,
+        async_scheduling=True,
+        check_kv_integrity=True,
+    )
+    assert generate(llm, prompts) == expected
+    assert llm.engine.runner.graphs.num_replays > 0
