@@ -42,6 +42,14 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_VALUES = ("additionalProperties", "items", "contains", "propertyNames", "then", "else")
 
+_KIND_NAMES = {
+    "json": "JSON schema",
+    "json_object": "JSON object grammar",
+    "regex": "regex",
+    "choice": "choice list",
+    "grammar": "grammar",
+}
+
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+\.cc:\d+: (Check failed: \(.*?\) is false: )?")
 
 
@@ -201,7 +209,8 @@ def to_grammar(p: StructuredOutputsParams):
     except ValueError:
         raise
     except Exception as e:  # xgrammar raises RuntimeError from C++ with a useful text
-        raise ValueError(f"invalid {kind.replace('_', ' ')}: {_clean(e)}") from None
+        what = _KIND_NAMES[kind]
+        raise ValueError(f"invalid {what}: {_clean(e)}") from None
 
 
 def _parse_grammar(text: str):
