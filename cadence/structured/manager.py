@@ -60,7 +60,8 @@ class GrammarManager:
         self._compiler_lock = threading.Lock()
         self._cache: OrderedDict[str, object] = OrderedDict()  # key -> CompiledGrammar
         self._inflight: dict[str, Future] = {}  # key -> compile in progress
-        self._waiting: dict[str, str] = {}  # request id -> key it waits for
+        # request id -> (key, params) of the grammar it waits for
+        self._waiting: dict[str, tuple[str, StructuredOutputsParams]] = {}
         self.matchers: dict[str, object] = {}  # request id -> GrammarMatcher
         self._bitmask: torch.Tensor | None = None  # reused [rows, words] int32 buffer
 
@@ -94,7 +95,7 @@ class GrammarManager:
         """Start compiling (or find the cached grammar); never blocks."""
         key = cache_key(params)
         self.stats.requests += 1
-        self._waiting[request_id] = key
+        self._waiting[request_id] = (key, params)
         if key in self._cache:
             self.stats.cache_hits += 1
             self._cache.move_to_end(key)
@@ -115,7 +116,7 @@ class GrammarManager:
         if (
             timeout > 0
             and self._inflight
-            and all(k in self._inflight for k in self._waiting.values())
+            and all(k in self._inflight for k, _ in self._waiting.values())
         ):
             wait(list(self._inflight.values()), timeout, return_when=FIRST_COMPLETED)
         errors: dict[str, str] = {}
@@ -137,7 +138,7 @@ class GrammarManager:
         ready, failed = [], []
         import xgrammar as xgr
 
-        for rid, key in list(self._waiting.items()):
+        for rid, (key, params) in list(self._waiting.items()):
             if key in errors:
                 failed.append((rid, errors[key]))
                 del self._waiting[rid]
@@ -145,6 +146,8 @@ class GrammarManager:
                 self.matchers[rid] = xgr.GrammarMatcher(self._cache[key])
                 ready.append(rid)
                 del self._waiting[rid]
+            elif key not in self._inflight:  # evicted from the cache before it was used
+                self._inflight[key] = self._pool.submit(self._compile, params)
         return ready, failed
 
     # ---- each step --------------------------------------------------------------------
