@@ -183,6 +183,7 @@ class LLM:
                             bar.update(1)
                 if not updates and not self.engine.has_unfinished_requests() and pending:
                     raise RuntimeError(f"engine went idle with {len(pending)} requests unfinished")
+            self.engine.flush()  # async scheduling: the last step may still be in flight
         except BaseException:
             for rid in pending:
                 self.engine.abort(self.output_processor.abort(rid))

@@ -555,7 +555,11 @@ class TritonAttentionBackend(AttentionBackend):
         split_req = torch.nonzero(split).flatten()
 
         n_items = work_req.numel()
-        packed = torch.cat([work_req, work_qoff, split_req]).to(torch.int32).to(device)
+        packed = torch.cat([work_req, work_qoff, split_req]).to(torch.int32)
+        if device.type == "cuda":  # pinned + non-blocking: do not wait for queued work
+            packed = packed.pin_memory().to(device, non_blocking=True)
+        else:
+            packed = packed.to(device)
         meta.backend_data = TritonPlan(
             work_req=packed[:n_items],
             work_qoff=packed[n_items : 2 * n_items],

@@ -148,6 +148,11 @@ class EngineCore:
             or self._in_flight is not None
         )
 
+    def flush(self) -> None:
+        """Read back a step still in flight (async scheduling), so nothing is pending."""
+        while self._in_flight is not None:
+            self.step()
+
     def take_failed(self) -> list[tuple[str, str]]:
         """(request id, error) of requests dropped since the last call: their grammar did
         not compile. They produce no RequestUpdate."""

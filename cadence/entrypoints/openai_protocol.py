@@ -235,11 +235,24 @@ class TextPart(_Base):
     text: str
 
 
+class FunctionCallIn(_Base):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(_Base):
+    """A tool call of an earlier assistant message, sent back in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Base):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:

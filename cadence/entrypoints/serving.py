@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from cadence.engine.client import AsyncEngineClient
@@ -181,7 +181,7 @@ class Serving:
             if m.name:
                 entry["name"] = m.name
             if m.tool_calls:
-                entry["tool_calls"] = m.tool_calls
+                entry["tool_calls"] = [c.model_dump() for c in m.tool_calls]
             if m.tool_call_id:
                 entry["tool_call_id"] = m.tool_call_id
             conv.append(entry)
@@ -210,14 +210,25 @@ class Serving:
     # ---- generation -------------------------------------------------------------------
 
     async def _run(
-        self, rid: str, prompt: Prompt, params: SamplingParams, priority: int
+        self,
+        rid: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        priority: int,
+        admitted: Callable[[], None] | None = None,
     ) -> AsyncIterator[RequestState]:
-        with self.admission.admit(len(prompt.token_ids)) as started:
-            async for state in self.client.generate(
-                rid, prompt.text, prompt.token_ids, params, priority
-            ):
-                started()
-                yield state
+        """The request's states as tokens arrive, inside admission control (429 when full).
+        `admitted`: the `started` callback of an admission the caller already holds."""
+        if admitted is None:
+            with self.admission.admit(len(prompt.token_ids)) as started:
+                async for state in self._run(rid, prompt, params, priority, started):
+                    yield state
+            return
+        async for state in self.client.generate(
+            rid, prompt.text, prompt.token_ids, params, priority
+        ):
+            admitted()
+            yield state
 
     async def _final(
         self, rid: str, prompt: Prompt, params: SamplingParams, priority: int
@@ -413,6 +424,14 @@ class Serving:
             raise APIError(str(e), param=param or "response_format") from e
 
     async def _stream_chat(self, req, rid, created, prompt, params, plan: ToolPlan):
+        # Admission first: a full server answers 429 before any chunk (and status 200) goes out.
+        with self.admission.admit(len(prompt.token_ids)) as started:
+            async for piece in self._stream_chat_admitted(
+                req, rid, created, prompt, params, plan, started
+            ):
+                yield piece
+
+    async def _stream_chat_admitted(self, req, rid, created, prompt, params, plan, started):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         top = params.logprobs
 
@@ -433,7 +452,7 @@ class Serving:
         cursor = _StreamCursor(self.client.output_processor, params.n)
         shapers = [ToolCallStream(plan) for _ in range(params.n)]
         state = None
-        async for state in self._run(rid, prompt, params, req.priority):
+        async for state in self._run(rid, prompt, params, req.priority, started):
             for out, delta, new_ids, new_lps, finished in cursor.deltas(state):
                 lp = None
                 if req.logprobs and new_ids:

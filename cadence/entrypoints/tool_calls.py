@@ -266,7 +266,7 @@ def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
         calls.append(call)
         pos = m.end()
     rest = text[pos:]
-    open_at = rest.find(TOOL_CALL_OPEN)
+    open_at = rest.rfind(TOOL_CALL_OPEN)  # the last one: earlier bad blocks stay text
     if open_at >= 0:
         call = _call_from_json(rest[open_at + len(TOOL_CALL_OPEN) :].strip())
         if call is not None:

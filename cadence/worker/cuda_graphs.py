@@ -68,9 +68,6 @@ class DecodeGraphs:
         self.input_ids, self.positions, self.slot_mapping, self.seq_lens = self.token_inputs
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(1)
-        # Pinned host staging buffers: the copies to the device do not block the CPU.
-        self.host_inputs = torch.zeros((4, n), dtype=torch.int64).pin_memory()
-        self.host_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int64).pin_memory()
         self.metas: dict[int, AttentionMetadata] = {}  # kept alive: graphs read their plans
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}  # size -> hidden states [size, hidden]
@@ -128,19 +125,18 @@ class DecodeGraphs:
         block_tables: torch.Tensor,  # [B, w] int64 on the host
         fill: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Stage the step's inputs (padded on the host), copy them into the graph's
-        buffers (two host-to-device copies), replay. Returns hidden states [B, hidden].
-
-        The staging buffers are reused every step: safe because the caller waits for the
-        step's sampled tokens (which come after these copies) before the next step."""
+        """Stage the step's inputs (padded on the host) in pinned memory, copy them into
+        the graph's buffers without blocking (two copies), replay. Returns hidden states
+        [B, hidden]. Fresh pinned tensors each step: PyTorch's pinned allocator reuses a
+        block only after its copy ran, which a reused staging buffer could not promise
+        once the next step is prepared while this one runs (async scheduling)."""
         b, width = block_tables.shape
-        host = self.host_inputs[:, :size]
+        host = torch.empty((4, size), dtype=torch.int64, pin_memory=True)
         host[:, :b] = torch.tensor([input_ids, positions, slot_mapping, seq_lens])
         if size > b:  # padding rows: token 0 at position 0, no K/V write, one key
             host[:, b:] = torch.tensor([[0], [0], [-1], [1]])
-        tables = self.host_tables[:size, :width]
-        tables[:b] = block_tables
-        tables[b:] = 0  # a padding row reads the zeroed block 0
+        tables = torch.zeros((size, width), dtype=torch.int64, pin_memory=True)
+        tables[:b] = block_tables  # a padding row reads the zeroed block 0
         self.token_inputs[:, :size].copy_(host, non_blocking=True)
         self.block_tables[:size, :width].copy_(tables, non_blocking=True)
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)

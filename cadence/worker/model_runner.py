@@ -40,15 +40,22 @@ class _RequestState:
     num_pending: int = 0  # sampled by a step whose ids have not been read back yet
 
 
+def _to_host_async(t: torch.Tensor | None) -> torch.Tensor | None:
+    if t is None:
+        return None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host
+
+
 @dataclass
 class PendingSample:
     """A step's sampling, launched but not read back (async scheduling reads it a step
     later, while the next forward pass runs)."""
 
     sample_ids: list[str]
-    out: SamplerOutput
-    host_tokens: torch.Tensor  # filled by a non-blocking copy once `ready` has passed
-    ready: torch.cuda.Event | None
+    out: SamplerOutput  # on the host (CPU device), or pinned host copies being filled
+    ready: torch.cuda.Event | None  # passed: the copies have landed
 
 
 @dataclass
@@ -74,6 +81,16 @@ def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
             if tid not in ids:
                 ids.append(int(tid))
     return tuple(ids)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without waiting for the work already queued there: on
+    CUDA through pinned memory and a non-blocking copy (a copy from pageable memory may
+    synchronise with the stream, which would undo async scheduling). PyTorch's pinned
+    allocator keeps the block until the copy has run."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def pick_device(name: str) -> torch.device:
@@ -115,7 +132,6 @@ class ModelRunner:
         self.requests: dict[str, _RequestState] = {}
         self._last_tokens: torch.Tensor | None = None  # the last sampled ids, on the device
         self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
-        self._host_tokens: torch.Tensor | None = None  # pinned landing buffer (CUDA)
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
         self.graphs: DecodeGraphs | None = None
@@ -391,7 +407,7 @@ class ModelRunner:
             graph_size = self.graphs.size_for(num_reqs)
         fill = None
         if fill_rows:
-            rows = torch.tensor([fill_rows, fill_from], dtype=torch.int64).to(dev)
+            rows = to_device(torch.tensor([fill_rows, fill_from], dtype=torch.int64), dev)
             fill = (rows[0], self._last_tokens[rows[1]])
         if graph_size is not None:
             hidden = self.graphs.run(
@@ -399,13 +415,13 @@ class ModelRunner:
             )
         else:
             # Two host-to-device copies a step: the token-level ints in one tensor, the table.
-            packed = torch.tensor(
-                input_ids + positions + slots + seq_lens + qsl, dtype=torch.int64
-            ).to(dev, non_blocking=True)
+            packed = to_device(
+                torch.tensor(input_ids + positions + slots + seq_lens + qsl, dtype=torch.int64), dev
+            )
             ids_d, pos_d, slots_d, seq_d, qsl_d = packed.split(
                 [num_tokens, num_tokens, num_tokens, num_reqs, num_reqs + 1]
             )
-            table_d = table_t.to(dev, non_blocking=True)
+            table_d = to_device(table_t, dev)
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
             meta = AttentionMetadata(
@@ -425,7 +441,8 @@ class ModelRunner:
         if len(sample_rows) == num_tokens:  # every token samples (decodes): no gather
             logits = self.model.compute_logits(hidden)
         else:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)])
+            rows_d = to_device(torch.tensor(sample_rows, dtype=torch.int64), dev)
+            logits = self.model.compute_logits(hidden[rows_d])
         return ModelOutput(sample_ids, logits)
 
     @torch.inference_mode()
@@ -448,22 +465,27 @@ class ModelRunner:
             return None
         batch = self._sampling_batch(rids)
         if grammar_bitmask is not None:
-            batch.allowed_bitmask = grammar_bitmask.to(self.device, non_blocking=True)
+            # (pin_memory copies it, so the manager may refill its buffer next step)
+            batch.allowed_bitmask = to_device(grammar_bitmask, self.device)
         out = self.sampler(logits, batch)
         self._last_tokens = out.token_ids
         self._last_rows = {rid: i for i, rid in enumerate(rids)}
         for rid in rids:
             self.requests[rid].num_pending += 1
         ready = None
-        host = out.token_ids
+        host = out
         if self.device.type == "cuda":
-            if self._host_tokens is None or self._host_tokens.numel() < len(rids):
-                self._host_tokens = torch.empty(max(len(rids), 256), dtype=torch.int64).pin_memory()
-            host = self._host_tokens[: len(rids)]
-            host.copy_(out.token_ids, non_blocking=True)
+            # Everything resolve() reads, copied to pinned memory without waiting; the
+            # event says when it has landed (before the next step's forward finishes).
+            host = SamplerOutput(
+                *(
+                    _to_host_async(t)
+                    for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)
+                )
+            )
             ready = torch.cuda.Event()
             ready.record()
-        return PendingSample(rids, out, host, ready)
+        return PendingSample(rids, host, ready)
 
     def resolve(self, pending: PendingSample | None) -> SampledTokens:
         """Wait for a launched sampling and append its ids: the step's one device-to-host
@@ -473,8 +495,8 @@ class ModelRunner:
             return result
         if pending.ready is not None:
             pending.ready.synchronize()
-        tokens = pending.host_tokens.tolist()
         out = pending.out
+        tokens = out.token_ids.tolist()
         lps = out.logprobs.tolist() if out.logprobs is not None else None
         top_ids = out.top_ids.tolist() if out.top_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
@@ -498,7 +520,7 @@ class ModelRunner:
         temps = [0.0 if p.greedy else p.temperature for p in params]
         all_greedy = all(t == 0.0 for t in temps)
         batch = SamplingBatch(
-            temperature=None if all_greedy else torch.tensor(temps, device=dev),
+            temperature=None if all_greedy else to_device(torch.tensor(temps), dev),
             top_k=None,
             top_p=None,
             min_p=None,
@@ -511,16 +533,16 @@ class ModelRunner:
         )
         if not batch.all_greedy:
             if any(0 < p.top_k < vocab for p in params):
-                batch.top_k = torch.tensor(
-                    [p.top_k if p.top_k > 0 else vocab for p in params], device=dev
+                batch.top_k = to_device(
+                    torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]), dev
                 )
             if any(p.top_p < 1.0 for p in params):
-                batch.top_p = torch.tensor(
-                    [p.top_p for p in params], dtype=torch.float32, device=dev
+                batch.top_p = to_device(
+                    torch.tensor([p.top_p for p in params], dtype=torch.float32), dev
                 )
             if any(p.min_p > 0.0 for p in params):
-                batch.min_p = torch.tensor(
-                    [p.min_p for p in params], dtype=torch.float32, device=dev
+                batch.min_p = to_device(
+                    torch.tensor([p.min_p for p in params], dtype=torch.float32), dev
                 )
         # logit bias and the min_tokens ban, as one dense additive bias
         bias = None
@@ -537,7 +559,7 @@ class ModelRunner:
                 if banned:
                     bias[i, banned] = float("-inf")
         if bias is not None:
-            batch.bias = bias.to(dev)
+            batch.bias = to_device(bias, dev)
         if any(p.needs_penalties for p in params):
             counts = torch.zeros((len(states), vocab), dtype=torch.float32)
             seen = torch.zeros((len(states), vocab), dtype=torch.bool)
@@ -545,11 +567,11 @@ class ModelRunner:
                 out_ids = torch.tensor(s.token_ids[s.num_prompt_tokens :], dtype=torch.int64)
                 counts[i] = torch.bincount(out_ids, minlength=vocab)[:vocab].float()
                 seen[i, torch.tensor(s.token_ids, dtype=torch.int64)] = True
-            batch.presence = torch.tensor([p.presence_penalty for p in params], device=dev)
-            batch.frequency = torch.tensor([p.frequency_penalty for p in params], device=dev)
-            batch.repetition = torch.tensor([p.repetition_penalty for p in params], device=dev)
-            batch.output_counts = counts.to(dev)
-            batch.seen_mask = seen.to(dev)
+            batch.presence = to_device(torch.tensor([p.presence_penalty for p in params]), dev)
+            batch.frequency = to_device(torch.tensor([p.frequency_penalty for p in params]), dev)
+            batch.repetition = to_device(torch.tensor([p.repetition_penalty for p in params]), dev)
+            batch.output_counts = to_device(counts, dev)
+            batch.seen_mask = to_device(seen, dev)
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         batch.max_logprobs = max(wanted) if wanted else None
         return batch

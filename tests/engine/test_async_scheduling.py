@@ -70,8 +70,10 @@ def test_stops_lengths_seeds_and_logprobs_equal_the_synchronous_loop(llama):
         return [[(s.token_ids, s.finish_reason, s.logprobs) for s in o.outputs] for o in outs]
 
     _, sync = run(path, prompts, params)
-    _, overlapped = run(path, prompts, params, async_scheduling=True)
+    llm, overlapped = run(path, prompts, params, async_scheduling=True)
     assert tokens(overlapped) == tokens(sync)
+    # Requests ended by stop tokens while their next step was in flight: nothing pending.
+    assert not llm.engine.has_unfinished_requests()
     stopped = overlapped[0].outputs[0]
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids.index(stop_at) == len(stopped.token_ids) - 1  # nothing past it

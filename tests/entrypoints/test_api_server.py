@@ -368,6 +368,33 @@ def test_flood_beyond_the_queue_gets_429_and_admitted_requests_finish(server, ht
     assert metric(http, "cadence:requests_rejected_total") - rejected_before == codes.count(429)
 
 
+def test_flood_of_streamed_chats_gets_429_before_any_chunk(server, model_name):
+    """Admission happens before the first SSE chunk: a full server answers 429, never a
+    200 stream that then breaks off."""
+
+    def one(i):
+        return httpx.post(
+            server.url + "/v1/chat/completions",
+            headers={"Authorization": f"Bearer {API_KEY}"},
+            timeout=120,
+            json={
+                "model": model_name,
+                "messages": [{"role": "user", "content": f"Item {i}"}],
+                "max_tokens": 8,
+                "stream": True,
+            },
+        )
+
+    with cf.ThreadPoolExecutor(40) as pool:
+        responses = list(pool.map(one, range(40)))
+    codes = [r.status_code for r in responses]
+    assert 429 in codes and 200 in codes and set(codes) <= {200, 429}
+    for r in responses:
+        if r.status_code == 200:
+            assert r.text.rstrip().endswith("data: [DONE]")
+            assert '"error"' not in r.text
+
+
 # ---- bad input ---------------------------------------------------------------------------------------
 
 

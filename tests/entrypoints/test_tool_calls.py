@@ -88,6 +88,11 @@ def test_parse_hermes_calls_and_content():
         [],
     )
     assert parse_hermes("plain answer") == ("plain answer", [])
+    # A bad block before an unclosed good one: the good one is still found (as streaming does).
+    content, calls = parse_hermes(
+        'x <tool_call>bad</tool_call> <tool_call>{"name": "f", "arguments": {}}'
+    )
+    assert [c.name for c in calls] == ["f"] and content == "x <tool_call>bad</tool_call>"
 
 
 def test_parse_required_array():
