@@ -162,11 +162,7 @@ class EngineCore:
     def step(self) -> list[RequestUpdate]:
         if self.config.scheduler.async_scheduling:
             return self._step_async()
-        if self._awaiting_grammar:
-            self._admit_compiled()
-        sched = self.scheduler.schedule()
-        for rid in sched.finished_ids:
-            self.grammars.remove(rid)
+        sched = self._schedule()
         if sched.is_empty and not sched.finished_ids:
             return []
         model_out = self.runner.execute_model(sched)
@@ -195,11 +191,7 @@ class EngineCore:
 
         Returns step N's updates. No jump-forward: forced tokens would have to come
         before the token N+1 is already computing."""
-        if self._awaiting_grammar:
-            self._admit_compiled()
-        sched = self.scheduler.schedule()
-        for rid in sched.finished_ids:
-            self.grammars.remove(rid)
+        sched = self._schedule()
         model_out = self.runner.execute_model(sched)
         updates: list[RequestUpdate] = []
         if self._in_flight is not None:
@@ -217,6 +209,15 @@ class EngineCore:
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
+
+    def _schedule(self):
+        """Admit requests whose grammar compiled, schedule, drop finished matchers."""
+        if self._awaiting_grammar:
+            self._admit_compiled()
+        sched = self.scheduler.schedule()
+        for rid in sched.finished_ids:
+            self.grammars.remove(rid)
+        return sched
 
     def _admit_compiled(self) -> None:
         """Move requests whose grammar is ready into the scheduler. With nothing else to

@@ -240,9 +240,13 @@ def render_without_template_support(
 
 def _call_from_json(text: str) -> ToolCall | None:
     try:
-        obj = json.loads(text)
+        return _call_from_object(json.loads(text))
     except json.JSONDecodeError:
         return None
+
+
+def _call_from_object(obj) -> ToolCall | None:
+    """{"name": ..., "arguments": {...}} (or "parameters", or arguments as JSON text)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -284,7 +288,7 @@ def parse_required(text: str) -> list[ToolCall]:
         return []
     calls = []
     for item in items if isinstance(items, list) else []:
-        call = _call_from_json(json.dumps(item)) if isinstance(item, dict) else None
+        call = _call_from_object(item)
         if call is not None:
             calls.append(call)
     return calls
