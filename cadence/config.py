@@ -42,7 +42,7 @@ class SchedulerConfig:
     max_model_len: int = 2048  # filled in from the model at start-up
     scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
     scheduling_aging_steps: int = 200  # cache-aware policies: steps before a request goes first
-    async_scheduling: bool = False  # schedule step N+1 while step N runs (no jump-forward)
+    async_scheduling: bool | None = None  # schedule step N+1 while step N runs; auto: on CUDA
 
 
 # Tokens per step when not given. On an H200, 8,192 gave 18 % more output tokens/s than

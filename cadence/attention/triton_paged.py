@@ -8,7 +8,7 @@ Per layer, `forward` launches up to four kernels:
      like any other key (no special case for "new" keys).
 
   B  _paged_attention_kernel  grid (work items, Hkv, sub-tiles)
-     A work item is up to WORK_Q consecutive query tokens of one request, planned in
+     A work item is up to work_q consecutive query tokens of one request, planned in
      build(). The program (item, kv head h, sub-tile s) owns TOK query tokens of the item
      and all G query heads that share kv head h, stacked as the tile's rows:
 
@@ -23,12 +23,16 @@ Per layer, `forward` launches up to four kernels:
      so each K/V tile is loaded once for the whole GQA group and reused by every query
      token of the tile. Keys are visited in tiles of BLOCK_N positions; each position's
      physical block comes from the block table (a gather, so any block size works).
-     Tiles: BLOCK_M = min(64, WORK_Q * G_PAD) rows (G_PAD: group size rounded up to a
-     power of two), BLOCK_N = 64 keys. Decode programs (few rows) take a 16-row tile
-     instead: both paths are compiled into the same kernel and chosen per program at run
-     time, so a mixed batch is still one launch without decodes paying for 64-row tiles.
-     An item of WORK_Q tokens is covered by WORK_Q / TOK sub-tile programs (grid axis 2),
-     since build() plans items before it knows the group size.
+     Tiles: a decode-only step (every item one token) runs BLOCK_M = max(16, G_PAD) rows
+     (G_PAD: group size rounded up to a power of two) with launch settings by batch size
+     (decode_launch). Any other step runs 64-row tiles of 64 keys; programs that own few
+     rows (decodes in a mixed batch) take the 16-row path instead: both are compiled into
+     the same kernel and chosen per program at run time, so a mixed batch is still one
+     launch without decodes paying for 64-row tiles. So the kernel has two compiled
+     variants (plus one per decode setting), all built at start-up by the memory profile
+     and the CUDA-graph capture, never in the middle of serving. An item of work_q
+     tokens is covered by cdiv(work_q, TOK) sub-tile programs (grid axis 2), since
+     build() plans items before it knows the group size.
 
   C  _split_kv_kernel + _split_kv_reduce_kernel   grid (split decodes, Hkv, partitions)
      Flash-decoding for few decodes with long contexts, which would otherwise run
@@ -72,6 +76,18 @@ BLOCK_N = 64  # keys per inner step of kernel B
 SPLIT_BLOCK_N = 64  # keys per inner step of the split-KV kernel
 SPLIT_NUM_WARPS = 4
 SPLIT_NUM_STAGES = 2
+# Kernel B when every work item is one decode token (decode steps, CUDA graphs), 16-bit
+# caches: (BLOCK_N, num_warps, num_stages) by batch size, from benchmarks/kernel_sweep.py on
+# an H200. Few decodes run few programs, each over its whole context: wide key tiles halve
+# their serial steps (batch 1: 9.1 -> 6.9 us a layer at 141 keys, 14.7 -> 8.9 at 384).
+# Many decodes fill the GPU: narrow tiles, 2 warps and a third stage hold ~4 TB/s.
+DECODE_LARGE_BATCH = 32  # decodes from which the "large" settings apply
+DECODE_SMALL = (128, 4, 2)
+DECODE_LARGE = (64, 2, 3)
+
+
+def decode_launch(num_decodes: int) -> tuple[int, int, int]:
+    return DECODE_LARGE if num_decodes >= DECODE_LARGE_BATCH else DECODE_SMALL
 
 
 def _tile_config(block_m: int, dtype: torch.dtype, head_dim: int) -> tuple[int, int, int]:
@@ -272,7 +288,9 @@ def _attend_rows_and_store(
     )
 
 
-@triton.jit
+# The block table's row stride changes every step (its width is the longest context in
+# blocks) and the item size with the batch: neither may compile a new specialisation.
+@triton.jit(do_not_specialize=["stride_bt", "work_q"])
 def _paged_attention_kernel(
     q_ptr,
     out_ptr,
@@ -293,7 +311,7 @@ def _paged_attention_kernel(
     stride_bt,
     group,
     qk_scale,
-    WORK_Q: tl.constexpr,  # query tokens per work item (from build)
+    work_q,  # query tokens per work item (from build)
     TOK: tl.constexpr,  # query tokens per program (= BLOCK_M // G_PAD)
     BLOCK_M: tl.constexpr,
     SMALL_M: tl.constexpr,  # rows of the decode-sized tile
@@ -313,7 +331,7 @@ def _paged_attention_kernel(
     q_end = tl.load(query_start_ptr + req + 1).to(tl.int32)
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
     tok0 = q_start + item_off + sub * TOK
-    tok_hi = tl.minimum(q_end, q_start + item_off + WORK_Q)
+    tok_hi = tl.minimum(q_end, q_start + item_off + work_q)
     n_tok = tl.minimum(tok_hi - tok0, TOK)
     # Sub-tiles past the end of a short item (a decode in a batch planned for prefill
     # chunks) have nothing to do.
@@ -350,7 +368,7 @@ def _paged_attention_kernel(
 # ---------------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])
 def _split_kv_kernel(
     q_ptr,
     cache_ptr,
@@ -646,11 +664,16 @@ class TritonAttentionBackend(AttentionBackend):
         block_tables = meta.block_tables
         n_items = plan.work_req.numel()
         if n_items:
+            # Two tile shapes, so two compiled variants in all: decode-only steps take the
+            # small tile alone; any other step the 64-row tile, with the small one chosen
+            # at run time by programs that own few rows (decodes in a mixed batch).
             small_m = max(16, g_pad)
-            block_m = max(small_m, min(MAX_BLOCK_M, plan.work_q * g_pad))
+            block_m = small_m if plan.work_q == 1 else max(small_m, MAX_BLOCK_M)
             tok = block_m // g_pad
-            n_sub = max(1, plan.work_q // tok)
+            n_sub = _cdiv(plan.work_q, tok)
             block_n, num_warps, num_stages = _tile_config(block_m, kv_cache.dtype, head_dim)
+            if plan.work_q == 1 and kv_cache.dtype != torch.float32:
+                block_n, num_warps, num_stages = decode_launch(n_items)
             _paged_attention_kernel[(n_items, num_kv_heads, n_sub)](
                 q,
                 out,
@@ -669,7 +692,7 @@ class TritonAttentionBackend(AttentionBackend):
                 block_tables.stride(0),
                 group,
                 qk_scale,
-                WORK_Q=plan.work_q,
+                plan.work_q,
                 TOK=tok,
                 BLOCK_M=block_m,
                 SMALL_M=small_m,

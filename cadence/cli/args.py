@@ -157,7 +157,7 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=default,
-                help=f"{help_text} (default: {'on' if default else 'off'})",
+                help=f"{help_text} (default: {'auto' if default is None else 'on' if default else 'off'})",
             )
             continue
         convert = _FIELD_TYPES.get(f.name, typ)

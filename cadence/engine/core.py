@@ -36,9 +36,14 @@ class EngineCore:
         t0 = time.perf_counter()
         config.validate()
         self.config = config
+        device = pick_device(config.device).type
         if config.scheduler.max_num_batched_tokens is None:
-            device = pick_device(config.device).type
             config.scheduler.max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(device, 2048)
+        if config.scheduler.async_scheduling is None:
+            # On a GPU the host prepares step N+1 while the device runs step N (H200,
+            # Llama-8B: +5 % at batch 1, +13 % at batch 64). A CPU computes the forward on
+            # the calling thread, so there is nothing to overlap.
+            config.scheduler.async_scheduling = device == "cuda"
         self.runner = ModelRunner(config)
         cache = config.cache
         pool_tokens = self.runner.num_blocks * cache.block_size
@@ -161,7 +166,13 @@ class EngineCore:
 
     def step(self) -> list[RequestUpdate]:
         if self.config.scheduler.async_scheduling:
-            return self._step_async()
+            # Jump-forward needs each step's tokens before the next is scheduled: while
+            # constrained requests want it, steps run synchronously (after reading back
+            # the step in flight).
+            if not (self.grammars.matchers and self.config.structured.jump_forward):
+                return self._step_async()
+            if self._in_flight is not None:
+                return self._drain(jump=True)  # nothing launched after it: may jump
         sched = self._schedule()
         if sched.is_empty and not sched.finished_ids:
             return []
@@ -189,18 +200,12 @@ class EngineCore:
             masks   = fill_bitmask(N+1 rows)       grammars have seen N's tokens
             sample_async(out, masks)               N+1's tokens, read back next call
 
-        Returns step N's updates. No jump-forward: forced tokens would have to come
-        before the token N+1 is already computing."""
+        Returns step N's updates. No jump-forward here: forced tokens would have to come
+        before the token N+1 is already computing (step() runs synchronous steps while a
+        constrained request wants it)."""
         sched = self._schedule()
         model_out = self.runner.execute_model(sched)
-        updates: list[RequestUpdate] = []
-        if self._in_flight is not None:
-            prev_sched, pending = self._in_flight
-            self._in_flight = None
-            sampled = self.runner.resolve(pending)
-            if self.grammars.matchers:
-                self._advance_grammars(sampled, jump=False)
-            updates = self.scheduler.update(prev_sched, sampled)
+        updates = self._drain() if self._in_flight is not None else []
         if model_out.sample_ids:
             bitmask = None
             if self.grammars.matchers:
@@ -209,6 +214,16 @@ class EngineCore:
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
+
+    def _drain(self, jump: bool = False) -> list[RequestUpdate]:
+        """Read back the step in flight and update; launch nothing. `jump`: forced tokens
+        may follow, as no later step is in flight yet."""
+        prev_sched, pending = self._in_flight
+        self._in_flight = None
+        sampled = self.runner.resolve(pending)
+        if self.grammars.matchers:
+            self._advance_grammars(sampled, jump=jump)
+        return self.scheduler.update(prev_sched, sampled)
 
     def _schedule(self):
         """Admit requests whose grammar compiled, schedule, drop finished matchers."""

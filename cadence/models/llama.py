@@ -56,7 +56,12 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, k, cos_sin)
         out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        out = out.reshape(-1, self.q_size)
+        if out.shape[0] == 1 and out.is_cuda and out.dtype in (torch.bfloat16, torch.float16):
+            from cadence.layers.gemv import gemv  # batch-1 decode: beats cuBLAS on this shape
+
+            return gemv(out, self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):

@@ -27,9 +27,11 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import torch
 
 from cadence.attention.base import AttentionMetadata
+from cadence.worker.block_tables import BlockTables
 
 logger = logging.getLogger(__name__)
 
@@ -118,27 +120,28 @@ class DecodeGraphs:
     def run(
         self,
         size: int,
-        input_ids: list[int],
-        positions: list[int],
-        slot_mapping: list[int],
-        seq_lens: list[int],
-        block_tables: torch.Tensor,  # [B, w] int64 on the host
+        token_inputs: np.ndarray,  # [5, B] int64: ids, positions, slots, seq_lens, table rows
+        tables: BlockTables,
+        width: int,
         fill: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Stage the step's inputs (padded on the host) in pinned memory, copy them into
-        the graph's buffers without blocking (two copies), replay. Returns hidden states
-        [B, hidden]. Fresh pinned tensors each step: PyTorch's pinned allocator reuses a
-        block only after its copy ran, which a reused staging buffer could not promise
-        once the next step is prepared while this one runs (async scheduling)."""
-        b, width = block_tables.shape
-        host = torch.empty((4, size), dtype=torch.int64, pin_memory=True)
-        host[:, :b] = torch.tensor([input_ids, positions, slot_mapping, seq_lens])
+        the graph's buffers without blocking (one copy), gather the B block-table rows
+        from the persistent device table into the graph's table, replay. Returns hidden
+        states [B, hidden]. Fresh pinned staging each step: PyTorch's pinned allocator
+        reuses a block only after its copy ran, which a reused staging buffer could not
+        promise once the next step is prepared while this one runs (async scheduling)."""
+        b = token_inputs.shape[1]
+        host = torch.empty((5, size), dtype=torch.int64, pin_memory=True)
+        host[:, :b] = torch.from_numpy(token_inputs)
         if size > b:  # padding rows: token 0 at position 0, no K/V write, one key
-            host[:, b:] = torch.tensor([[0], [0], [-1], [1]])
-        tables = torch.zeros((size, width), dtype=torch.int64, pin_memory=True)
-        tables[:b] = block_tables  # a padding row reads the zeroed block 0
-        self.token_inputs[:, :size].copy_(host, non_blocking=True)
-        self.block_tables[:size, :width].copy_(tables, non_blocking=True)
+            host[:4, b:] = torch.tensor([[0], [0], [-1], [1]])
+            host[4, b:] = 0
+        staged = host.to(self.device, non_blocking=True)
+        self.token_inputs[:, :size].copy_(staged[:4])
+        self.block_tables[:size, :width] = tables.gather(staged[4], width)
+        if size > b:
+            self.block_tables[b:size, 0] = 0  # a padding row reads the zeroed block 0
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
             self.input_ids[fill[0]] = fill[1]
         self.graphs[size].replay()

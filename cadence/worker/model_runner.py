@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
@@ -22,6 +23,7 @@ from cadence.core.scheduler import SampledTokens, SchedulerOutput
 from cadence.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
 from cadence.sampling_params import SamplingParams
+from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,7 @@ class _RequestState:
     num_prompt_tokens: int
     params: SamplingParams
     generator: torch.Generator | None
-    block_ids: list[int]
+    row: int  # its row in BlockTables
     num_computed_tokens: int
     num_pending: int = 0  # sampled by a step whose ids have not been read back yet
 
@@ -134,6 +136,10 @@ class ModelRunner:
         self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        self.tables = BlockTables(
+            config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device
+        )
         self.graphs: DecodeGraphs | None = None
         if self._use_cuda_graphs():
             self.graphs = DecodeGraphs(
@@ -141,7 +147,7 @@ class ModelRunner:
                 self.backend,
                 self.device,
                 min(config.max_cuda_graph_batch_size, config.scheduler.max_num_seqs),
-                -(-self.max_model_len // self.block_size),
+                self.max_blocks_per_seq,
                 self.block_size,
             )
             seconds = self.graphs.capture()
@@ -327,7 +333,9 @@ class ModelRunner:
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
         for rid in sched.finished_ids:
-            self.requests.pop(rid, None)
+            st = self.requests.pop(rid, None)
+            if st is not None:
+                self.tables.remove(st.row)
         for new in sched.new_requests:
             params = new.sampling_params
             gen = None
@@ -338,15 +346,15 @@ class ModelRunner:
                 len(new.prompt_token_ids),
                 params,
                 gen,
-                list(new.block_ids),
+                self.tables.add(new.block_ids),
                 new.num_computed_tokens,
             )
         for cached in sched.cached_requests:
             st = self.requests[cached.request_id]
             if cached.resumed:
-                st.block_ids = list(cached.new_block_ids)
+                self.tables.replace(st.row, cached.new_block_ids)
             else:
-                st.block_ids.extend(cached.new_block_ids)
+                self.tables.extend(st.row, cached.new_block_ids)
             st.num_computed_tokens = cached.num_computed_tokens
             st.token_ids.extend(cached.new_token_ids)
 
@@ -363,14 +371,11 @@ class ModelRunner:
         if sched.is_empty:
             return ModelOutput([], None)
         input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
+        rows: list[int] = []  # each request's BlockTables row
+        starts: list[int] = []  # its first scheduled position (tokens already computed)
         query_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
         sample_ids: list[str] = []
         sample_rows: list[int] = []  # index of each sampling request's last query token
-        bs = self.block_size
         fill_rows: list[int] = []  # query tokens whose id is still on the device ...
         fill_from: list[int] = []  # ... at this row of the last sampled tokens
         for rid, n in sched.num_scheduled_tokens.items():
@@ -384,44 +389,63 @@ class ModelRunner:
                 fill_rows.append(len(input_ids))
                 fill_from.append(self._last_rows[rid])
                 input_ids.append(0)
-            positions.extend(range(start, end))
-            blocks = st.block_ids
-            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            rows.append(st.row)
+            starts.append(start)
             query_lens.append(n)
-            seq_lens.append(end)
-            tables.append(blocks)
             if end == known + st.num_pending:
                 sample_ids.append(rid)
                 sample_rows.append(len(input_ids) - 1)
 
-        dev = self.device
-        num_reqs, num_tokens = len(tables), len(input_ids)
-        width = max(len(t) for t in tables)
-        # One tensor from padded rows (a torch.tensor call per row costs ~5 us each).
-        table_t = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
-        qsl = [0]
-        for q in query_lens:
-            qsl.append(qsl[-1] + q)
+        # Token-level inputs, vectorised over the whole step (numpy): positions run from
+        # each request's start; a token's slot comes from its request's table row.
+        dev, bs = self.device, self.block_size
+        num_reqs, num_tokens = len(rows), len(input_ids)
+        rows_np = np.array(rows, dtype=np.int64)
+        starts_np = np.array(starts, dtype=np.int64)
+        qlens_np = np.array(query_lens, dtype=np.int64)
+        seq_lens_np = starts_np + qlens_np
+        if num_tokens == num_reqs:  # one token each (decodes)
+            positions, token_rows = starts_np, rows_np
+        else:
+            first = np.cumsum(qlens_np) - qlens_np
+            positions = np.repeat(starts_np - first, qlens_np) + np.arange(num_tokens)
+            token_rows = np.repeat(rows_np, qlens_np)
+        slots = self.tables.host[token_rows, positions // bs] * bs + positions % bs
+        width = int(self.tables.num_blocks[rows_np].max())
+        self.tables.sync()  # this step's new blocks, on the device before the gather
         graph_size = None
         if self.graphs is not None and num_tokens == num_reqs:  # decodes only
             graph_size = self.graphs.size_for(num_reqs)
         fill = None
         if fill_rows:
-            rows = to_device(torch.tensor([fill_rows, fill_from], dtype=torch.int64), dev)
-            fill = (rows[0], self._last_tokens[rows[1]])
+            fill_d = to_device(torch.tensor([fill_rows, fill_from], dtype=torch.int64), dev)
+            fill = (fill_d[0], self._last_tokens[fill_d[1]])
+        seq_lens = seq_lens_np.tolist()
         if graph_size is not None:
-            hidden = self.graphs.run(
-                graph_size, input_ids, positions, slots, seq_lens, table_t, fill
-            )
+            token_inputs = np.stack([np.array(input_ids), positions, slots, seq_lens_np, rows_np])
+            hidden = self.graphs.run(graph_size, token_inputs, self.tables, width, fill)
         else:
-            # Two host-to-device copies a step: the token-level ints in one tensor, the table.
+            # One host-to-device copy of every token- and request-level int, then the
+            # step's block tables gathered from the persistent rows on the device.
+            qsl = np.concatenate([[0], np.cumsum(qlens_np)])
             packed = to_device(
-                torch.tensor(input_ids + positions + slots + seq_lens + qsl, dtype=torch.int64), dev
+                torch.from_numpy(
+                    np.concatenate(
+                        [
+                            np.array(input_ids, dtype=np.int64),
+                            positions,
+                            slots,
+                            seq_lens_np,
+                            qsl,
+                            rows_np,
+                        ]
+                    )
+                ),
+                dev,
             )
-            ids_d, pos_d, slots_d, seq_d, qsl_d = packed.split(
-                [num_tokens, num_tokens, num_tokens, num_reqs, num_reqs + 1]
+            ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = packed.split(
+                [num_tokens, num_tokens, num_tokens, num_reqs, num_reqs + 1, num_reqs]
             )
-            table_d = to_device(table_t, dev)
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
             meta = AttentionMetadata(
@@ -429,7 +453,7 @@ class ModelRunner:
                 query_start_loc=qsl_d,
                 seq_lens=seq_d,
                 slot_mapping=slots_d,
-                block_tables=table_d,
+                block_tables=self.tables.gather(rows_d, width),
                 query_lens_cpu=query_lens,
                 seq_lens_cpu=seq_lens,
                 block_size=bs,
@@ -441,8 +465,8 @@ class ModelRunner:
         if len(sample_rows) == num_tokens:  # every token samples (decodes): no gather
             logits = self.model.compute_logits(hidden)
         else:
-            rows_d = to_device(torch.tensor(sample_rows, dtype=torch.int64), dev)
-            logits = self.model.compute_logits(hidden[rows_d])
+            sample_rows_d = to_device(torch.tensor(sample_rows, dtype=torch.int64), dev)
+            logits = self.model.compute_logits(hidden[sample_rows_d])
         return ModelOutput(sample_ids, logits)
 
     @torch.inference_mode()

@@ -97,3 +97,29 @@ def test_grammars_see_every_token_before_the_next_mask():
     assert outs[True] == outs[False]
     for text in outs[True]:
         assert set(json.loads(text)) == {"name", "age"}
+
+
+def test_jump_forward_runs_synchronous_steps_and_keeps_its_outputs():
+    """With async scheduling on, constrained requests that want jump-forward step the engine
+    synchronously (the step in flight is read back first): same outputs and forced tokens
+    as the synchronous loop, and free requests in the same batch unchanged."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    chats = [[{"role": "user", "content": f"Describe person {i} as JSON."}] for i in range(3)]
+    constrained = SamplingParams(
+        temperature=0, max_tokens=48, structured_outputs=StructuredOutputsParams(json=schema)
+    )
+    free = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs, forced = {}, {}
+    for mode in (False, True):
+        llm = LLM(dtype="float32", kv_cache_memory=64 * 2**20, async_scheduling=mode)
+        prompts = [{"prompt_token_ids": llm.apply_chat_template(c)} for c in chats]
+        params = [constrained] * len(chats) + [free]
+        prompts.append({"prompt_token_ids": prompts[0]["prompt_token_ids"][:20]})
+        outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        forced[mode] = llm.engine.grammars.stats.jump_forward_tokens
+    assert outs[True] == outs[False]
+    assert forced[True] == forced[False] > 0

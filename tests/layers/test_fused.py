@@ -1,4 +1,5 @@
-"""The fused Triton kernels of cadence/layers/fused.py equal the PyTorch layers they replace.
+"""The fused Triton kernels of cadence/layers/fused.py, and the batch-1 gemv of
+cadence/layers/gemv.py, equal the PyTorch layers they replace.
 
 On a CPU they run through Triton's interpreter, in a child process (TRITON_INTERPRET must
 be set before triton is imported, and this process may have imported it already)."""
@@ -59,6 +60,17 @@ def check_all(device: str) -> None:
         torch.testing.assert_close(q, want_q, atol=tol, rtol=tol)
         torch.testing.assert_close(k, want_k, atol=tol, rtol=tol)
         assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
+        # gemv: one row through a linear layer; K not a multiple of the tile, N not of the
+        # row block (masked edges), with and without a bias.
+        from cadence.layers.gemv import gemv
+
+        for n, k, bias in ((40, 1100, True), (16, 64, False)):
+            layer = torch.nn.Linear(k, n, bias=bias).to(device, dtype)
+            x = torch.randn(1, k, device=device, dtype=dtype)
+            gtol = 1e-4 if dtype == torch.float32 else 3e-2
+            torch.testing.assert_close(
+                gemv(x, layer.weight, layer.bias), layer(x), atol=gtol, rtol=gtol
+            )
 
 
 def test_fused_kernels_under_the_interpreter():

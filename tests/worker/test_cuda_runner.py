@@ -31,7 +31,10 @@ def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf
     path = tiny_model_dir(kind)
     prompts = make_prompts(512, LENGTHS, seed=1)
     expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
-    llm = LLM(path, device="cuda", dtype="float32", num_gpu_blocks_override=512)
+    # The synchronous loop here; async scheduling (the CUDA default) has its own test below.
+    llm = LLM(
+        path, device="cuda", dtype="float32", num_gpu_blocks_override=512, async_scheduling=False
+    )
     assert llm.engine.runner.backend.name == "triton"
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.graphs.num_replays > 0  # decode steps replayed graphs
@@ -84,7 +87,9 @@ def test_memory_profile_sizes_the_pool_from_the_utilization(tiny_model_dir):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_async_scheduling_with_graphs_equals_transformers(kind, tiny_model_dir, hf_model):
+def test_async_scheduling_by_default_with_graphs_equals_transformers(
+    kind, tiny_model_dir, hf_model
+):
     path = tiny_model_dir(kind)
     prompts = make_prompts(512, LENGTHS, seed=1)
     expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
@@ -93,8 +98,8 @@ def test_async_scheduling_with_graphs_equals_transformers(kind, tiny_model_dir, 
         device="cuda",
         dtype="float32",
         num_gpu_blocks_override=512,
-        async_scheduling=True,
         check_kv_integrity=True,
     )
+    assert llm.config.scheduler.async_scheduling  # the default on CUDA
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.graphs.num_replays > 0
