@@ -2,7 +2,9 @@
 # Every GPU figure of issue 4 in one command, on the H200 (see benchmarks/RESULTS.md):
 #   bash benchmarks/h200_run.sh            (results and logs under $OUT, or ./h200-out)
 # Needs the wheels of ../shared/tools/device-wheels in .whl/ when the machine lacks them.
-# SKIP_TESTS=1 skips the gpu-marked tests; SKIP_BENCH=1 the benchmarks.
+# PARTS picks sections (default: all of "startup tests bench profile"); under the device
+# tool's 10-minute limit run it as two calls, e.g. PARTS="startup tests bench", then
+# PARTS=profile.
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -18,37 +20,64 @@ LOG="$OUT/bench.log"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git log -1 --format='cadence %h %s' 2>/dev/null
   python3 benchmarks/hbm_bandwidth.py --json "$OUT/hbm.json"
 } 2>&1 | tee "$LOG"
-if [ "${SKIP_TESTS:-0}" != 1 ]; then
-  # One process per file: a CUDA error in one must not poison the other's context.
-  for t in tests/worker/test_cuda_runner.py tests/layers/test_fused.py tests/attention/test_triton_paged.py; do
-    python3 -m pytest -q -m gpu "$t" -p no:cacheprovider -x 2>&1 | tee -a "$OUT/tests.log" | tail -5
-  done
-fi
-[ "${SKIP_BENCH:-0}" = 1 ] && exit 0
-# process start -> first token (cold: no compile cache of ours exists)
+PARTS=${PARTS:-startup tests bench profile}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+HBM=$(python3 -c "import json; print(json.load(open('$OUT/hbm.json'))['hbm_gbps'])")
+
+# Process start -> first token, cold: an empty Triton cache (every kernel compiles), first.
+if has startup; then
 start=$(date +%s.%N)
-python3 - <<PY 2>&1 | grep -v "^[0-9:]* INFO" | tee -a "$LOG" | tail -3
+TRITON_CACHE_DIR=$(mktemp -d) python3 - <<PY 2>&1 | tee "$OUT/startup.log" | grep -v " INFO " | tee -a "$LOG"
 import time
+t0 = $start
 from cadence import LLM, SamplingParams
+t1 = time.time()
 llm = LLM("$M", load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
+t2 = time.time()
 llm.generate([[1, 2, 3]], SamplingParams(max_tokens=1), use_tqdm=False)
-print(f"process start -> first token: {time.time() - $start:.1f} s")
+t3 = time.time()
+print(f"process start -> first token: {t3 - t0:.1f} s (interpreter + imports {t1 - t0:.1f} s, "
+      f"engine {t2 - t1:.1f} s, first request {t3 - t2:.2f} s)")
 PY
+grep " INFO " "$OUT/startup.log" | sed 's/^/  /' | tee -a "$LOG"
+fi
+
+if has tests; then
+  # One process per file: a CUDA error in one must not poison the other's context.
+  for t in tests/worker/test_cuda_runner.py tests/layers/test_fused.py \
+           tests/attention/test_triton_paged.py; do
+    python3 -m pytest -q -m gpu "$t" -p no:cacheprovider -x 2>&1 | tee -a "$OUT/tests.log" | tail -2
+  done
+  python3 -m pytest -q tests/worker/test_block_tables.py -p no:cacheprovider 2>&1 \
+    | tee -a "$OUT/tests.log" | tail -2
+fi
 run() {
   name=$1; shift
   echo "== $name: $*" | tee -a "$LOG"
-  $BENCH "$@" 2>&1 | grep -v "^[0-9:]* INFO cadence.engine.core\|it/s\]" | tee -a "$LOG" | tail -12
+  $BENCH "$@" 2>&1 | grep -v " INFO cadence.engine.core\|it/s\]" | tee -a "$LOG" | tail -9
 }
+# Defaults: async scheduling and CUDA graphs on, token budget 8192.
+if has bench; then
 run lat_b1 latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --json "$OUT/lat_b1.json"
 run lat_b64 latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --json "$OUT/lat_b64.json"
-run lat_b1_eager latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
-run lat_b64_eager latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
 run tput_128 throughput $M $COMMON --num-prompts 256 --input-len 128 --output-len 256
 run tput_1024 throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256
-run tput_1024_8k throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256 --max-num-batched-tokens 8192
-# Async scheduling (not yet measured when this script was written)
-run lat_b1_async latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --async-scheduling
-run lat_b64_async latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --async-scheduling
-run tput_128_async throughput $M $COMMON --num-prompts 256 --input-len 128 --output-len 256 --async-scheduling
+run lat_b1_eager latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
+run lat_b64_eager latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
+run lat_b1_sync latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --no-async-scheduling --num-iters 2
+run lat_b64_sync latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --no-async-scheduling --num-iters 2
+fi
+# Where the time goes: host phases per step, GPU kernel time by class, against the floor.
+prof() {
+  echo "== profile $*" | tee -a "$LOG"
+  python3 benchmarks/profile_step.py $M --hbm-gbps "$HBM" "$@" 2>&1 \
+    | grep -v " INFO \|^\[W\|USDT\|_warn_once\|UserWarn" | tee -a "$LOG" | tail -60
+}
+if has profile; then
+prof --batch-size 1 --output-len 128 --json "$OUT/prof_b1.json"
+prof --batch-size 64 --output-len 128 --prefill-tokens 0 --json "$OUT/prof_b64.json"
+prof --batch-size 256 --input-len 1024 --output-len 64 --prefill-tokens 0 --mixed-step 16 --json "$OUT/prof_b256.json"
+fi

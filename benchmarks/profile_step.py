@@ -128,6 +128,7 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=8192)
     ap.add_argument("--prefill-prompt-len", type=int, default=1024)
     ap.add_argument("--profile-steps", type=int, default=10)
+    ap.add_argument("--mixed-step", type=int, default=0, help="also profile this step of a batch")
     ap.add_argument("--hbm-gbps", type=float, default=None, help="measured HBM read GB/s")
     ap.add_argument("--async-scheduling", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true")
@@ -245,7 +246,35 @@ def main() -> None:
     while engine.has_unfinished_requests():
         engine.step()
 
+    # one mixed step: prefill chunks of a fresh batch plus the decodes of its earlier part
+    if args.mixed_step:
+        add_batch(engine, "mixed", args.batch_size, args.input_len, 8, 4)
+        for _ in range(args.mixed_step):
+            engine.step()
+        num_decodes = sum(
+            r.num_computed_tokens >= r.num_prompt_tokens for r in engine.scheduler.running
+        )
+        prof, wall = profile_steps(engine, 1)
+        while engine.has_unfinished_requests():
+            engine.step()
+        table = kernel_table(prof, 1)
+        result["mixed"] = {"wall_ms": wall * 1e3, "gpu_us": table, "decodes": num_decodes}
+        print(
+            f"== mixed step {args.mixed_step} of a batch of {args.batch_size} x "
+            f"{args.input_len}: ~{num_decodes} decodes + prefill chunks, wall "
+            f"{wall * 1e3:.1f} ms, GPU {sum(table.values()) / 1e3:.1f} ms"
+        )
+        for k, v in table.items():
+            print(f"  {k:16s} {v / 1e3:8.2f} ms")
+        for name, us, count in top_kernels(prof, 1):
+            print(f"    {us / 1e3:8.2f} ms x{count:<4d} {name}")
+
     # one prefill step of --prefill-tokens tokens
+    if not args.prefill_tokens:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return
     n = max(1, args.prefill_tokens // args.prefill_prompt_len)
     add_batch(engine, "pre", n, args.prefill_prompt_len, 1, 3)
     prof, wall = profile_steps(engine, 1)
