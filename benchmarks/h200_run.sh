@@ -20,7 +20,6 @@ LOG="$OUT/bench.log"
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git log -1 --format='cadence %h %s' 2>/dev/null
   python3 benchmarks/hbm_bandwidth.py --json "$OUT/hbm.json"
 } 2>&1 | tee "$LOG"
 PARTS=${PARTS:-startup tests bench profile}
@@ -31,9 +30,19 @@ HBM=$(python3 -c "import json; print(json.load(open('$OUT/hbm.json'))['hbm_gbps'
 if has startup; then
 start=$(date +%s.%N)
 TRITON_CACHE_DIR=$(mktemp -d) python3 - <<PY 2>&1 | tee "$OUT/startup.log" | grep -v " INFO " | tee -a "$LOG"
-import time
+import logging, time
 t0 = $start
+logging.basicConfig(level=logging.INFO, format="%(relativeCreated)8.0f ms INFO %(name)s: %(message)s")
 from cadence import LLM, SamplingParams
+from triton.runtime.jit import JITFunction
+_compile = JITFunction._do_compile
+def _timed_compile(self, *a, **kw):  # which kernels compile at start-up, and for how long
+    c0 = time.time()
+    try:
+        return _compile(self, *a, **kw)
+    finally:
+        logging.getLogger("triton-compile").info("%s %.2f s", self.fn.__name__, time.time() - c0)
+JITFunction._do_compile = _timed_compile
 t1 = time.time()
 llm = LLM("$M", load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
 t2 = time.time()

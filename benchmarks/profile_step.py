@@ -72,6 +72,52 @@ def instrument(engine) -> dict[str, list[float]]:
     return times
 
 
+def record_gpu_gaps(engine) -> tuple[list, list]:
+    """CUDA events on the stream around each step's device work: one before the forward is
+    queued, one after its sampling is. The time from one step's last event to the next
+    step's first is how long the GPU sat idle waiting for the host."""
+    starts, ends = [], []
+    execute, sample = engine.runner.execute_model, engine.runner.sample_async
+
+    def execute_model(*a, **kw):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        starts.append(e)
+        return execute(*a, **kw)
+
+    def sample_async(*a, **kw):
+        out = sample(*a, **kw)
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        ends.append(e)
+        return out
+
+    engine.runner.execute_model, engine.runner.sample_async = execute_model, sample_async
+    return starts, ends
+
+
+def watch_syncs() -> list[str]:
+    """Every synchronising CUDA call (torch's sync debug mode), with where it came from."""
+    import traceback
+    import warnings
+
+    seen: list[str] = []
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" in str(message):
+            frames = [f for f in traceback.extract_stack() if "cadence" in f.filename]
+            where = " <- ".join(
+                f"{f.filename.split('cadence/')[-1]}:{f.lineno}" for f in frames[::-1][:4]
+            )
+            if where not in seen:
+                seen.append(where)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+    return seen
+
+
 def add_batch(engine, tag: str, batch: int, input_len: int, output_len: int, seed: int) -> None:
     from cadence.sampling_params import SamplingParams
 
@@ -128,6 +174,7 @@ def main() -> None:
     ap.add_argument("--prefill-tokens", type=int, default=8192)
     ap.add_argument("--prefill-prompt-len", type=int, default=1024)
     ap.add_argument("--profile-steps", type=int, default=10)
+    ap.add_argument("--sync-debug", action="store_true", help="list synchronising CUDA calls")
     ap.add_argument("--mixed-step", type=int, default=0, help="also profile this step of a batch")
     ap.add_argument("--hbm-gbps", type=float, default=None, help="measured HBM read GB/s")
     ap.add_argument("--async-scheduling", action="store_true")
@@ -165,6 +212,9 @@ def main() -> None:
 
     # the whole batch, step by step: prefill-carrying steps apart from decode-only ones
     times = instrument(engine)
+    cuda = torch.cuda.is_available()
+    gap_starts, gap_ends = record_gpu_gaps(engine) if cuda else ([], [])
+    syncs = watch_syncs() if cuda and args.sync_debug else []
     scheduled: list = []
     schedule = engine.scheduler.schedule
     engine.scheduler.schedule = lambda: scheduled.append(schedule()) or scheduled[-1]
@@ -182,6 +232,22 @@ def main() -> None:
         )
         kinds.append("prefill" if mixed else "decode")
     total = time.perf_counter() - t_start
+    if syncs:
+        torch.cuda.set_sync_debug_mode(0)
+        print(f"== synchronising CUDA calls during the batch: {len(syncs)} call sites")
+        for where in syncs:
+            print(f"  {where}")
+    if cuda and gap_starts:
+        torch.cuda.synchronize()
+        n = min(len(gap_starts) - 1, len(gap_ends))
+        gaps = [gap_ends[i].elapsed_time(gap_starts[i + 1]) for i in range(n)]
+        busy = [gap_starts[i].elapsed_time(gap_ends[i]) for i in range(n)]
+        result["gpu_idle_ms"] = statistics.median(gaps)
+        print(
+            f"== GPU idle between steps (CUDA events): median {statistics.median(gaps):.3f} ms, "
+            f"mean {statistics.mean(gaps):.3f} ms; queued forward+sample median "
+            f"{statistics.median(busy):.3f} ms"
+        )
     run = {}
     for kind in ("prefill", "decode"):
         w = [x for x, k in zip(walls, kinds) if k == kind]

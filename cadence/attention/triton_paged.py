@@ -573,16 +573,22 @@ class TritonAttentionBackend(AttentionBackend):
         split_req = torch.nonzero(split).flatten()
 
         n_items = work_req.numel()
-        packed = torch.cat([work_req, work_qoff, split_req]).to(torch.int32)
+        # One copy; each part starts 16-byte aligned (4 int32s), as the kernels were
+        # compiled for (an unaligned pointer would compile another variant mid-serving).
+        padded = -(-n_items // 4) * 4
+        packed = torch.zeros(2 * padded + split_req.numel(), dtype=torch.int32)
+        packed[:n_items] = work_req
+        packed[padded : padded + n_items] = work_qoff
+        packed[2 * padded :] = split_req
         if device.type == "cuda":  # pinned + non-blocking: do not wait for queued work
             packed = packed.pin_memory().to(device, non_blocking=True)
         else:
             packed = packed.to(device)
         meta.backend_data = TritonPlan(
             work_req=packed[:n_items],
-            work_qoff=packed[n_items : 2 * n_items],
+            work_qoff=packed[padded : padded + n_items],
             work_q=work_q,
-            split_req=packed[2 * n_items :],
+            split_req=packed[2 * padded :],
             partition_size=partition_size,
             num_parts=num_parts,
             max_parts=_next_pow2(num_parts) if num_parts else 0,

