@@ -156,7 +156,8 @@ class ModelRunner:
         self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
         self.num_blocks = self._num_kv_blocks()
         self._allocate_kv_cache()
-        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size)
+        # One spare column: a table row must never be the thing that rejects a request.
+        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size) + 1
         self.tables = BlockTables(
             config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device
         )
