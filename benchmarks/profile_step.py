@@ -72,30 +72,6 @@ def instrument(engine) -> dict[str, list[float]]:
     return times
 
 
-def record_gpu_gaps(engine) -> tuple[list, list]:
-    """CUDA events on the stream around each step's device work: one before the forward is
-    queued, one after its sampling is. The time from one step's last event to the next
-    step's first is how long the GPU sat idle waiting for the host."""
-    starts, ends = [], []
-    execute, sample = engine.runner.execute_model, engine.runner.sample_async
-
-    def execute_model(*a, **kw):
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        starts.append(e)
-        return execute(*a, **kw)
-
-    def sample_async(*a, **kw):
-        out = sample(*a, **kw)
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        ends.append(e)
-        return out
-
-    engine.runner.execute_model, engine.runner.sample_async = execute_model, sample_async
-    return starts, ends
-
-
 def watch_syncs() -> list[str]:
     """Every synchronising CUDA call (torch's sync debug mode), with where it came from."""
     import traceback
@@ -213,7 +189,6 @@ def main() -> None:
     # the whole batch, step by step: prefill-carrying steps apart from decode-only ones
     times = instrument(engine)
     cuda = torch.cuda.is_available()
-    gap_starts, gap_ends = record_gpu_gaps(engine) if cuda else ([], [])
     syncs = watch_syncs() if cuda and args.sync_debug else []
     scheduled: list = []
     schedule = engine.scheduler.schedule
@@ -237,17 +212,6 @@ def main() -> None:
         print(f"== synchronising CUDA calls during the batch: {len(syncs)} call sites")
         for where in syncs:
             print(f"  {where}")
-    if cuda and gap_starts:
-        torch.cuda.synchronize()
-        n = min(len(gap_starts) - 1, len(gap_ends))
-        gaps = [gap_ends[i].elapsed_time(gap_starts[i + 1]) for i in range(n)]
-        busy = [gap_starts[i].elapsed_time(gap_ends[i]) for i in range(n)]
-        result["gpu_idle_ms"] = statistics.median(gaps)
-        print(
-            f"== GPU idle between steps (CUDA events): median {statistics.median(gaps):.3f} ms, "
-            f"mean {statistics.mean(gaps):.3f} ms; queued forward+sample median "
-            f"{statistics.median(busy):.3f} ms"
-        )
     run = {}
     for kind in ("prefill", "decode"):
         w = [x for x, k in zip(walls, kinds) if k == kind]

@@ -29,8 +29,10 @@ Per layer, `forward` launches up to four kernels:
      rows (decodes in a mixed batch) take the 16-row path instead: both are compiled into
      the same kernel and chosen per program at run time, so a mixed batch is still one
      launch without decodes paying for 64-row tiles. So the kernel has two compiled
-     variants (plus one per decode setting), all built at start-up by the memory profile
-     and the CUDA-graph capture, never in the middle of serving. An item of work_q
+     variants (plus one per decode setting). With the defaults all are built at start-up,
+     by the memory profile and the CUDA-graph capture; with --enforce-eager (or graphs
+     capped below DECODE_LARGE_BATCH, or num_gpu_blocks_override, which skips the memory
+     profile) a variant compiles on its first use instead. An item of work_q
      tokens is covered by cdiv(work_q, TOK) sub-tile programs (grid axis 2), since
      build() plans items before it knows the group size.
 
@@ -86,8 +88,10 @@ DECODE_SMALL = (128, 4, 2)
 DECODE_LARGE = (64, 2, 3)
 
 
-def decode_launch(num_decodes: int) -> tuple[int, int, int]:
-    return DECODE_LARGE if num_decodes >= DECODE_LARGE_BATCH else DECODE_SMALL
+def decode_launch(num_decodes: int, head_dim: int) -> tuple[int, int, int]:
+    block_n, warps, stages = DECODE_LARGE if num_decodes >= DECODE_LARGE_BATCH else DECODE_SMALL
+    # Tuned at head_dim 128; wider heads would overflow shared memory with 128-key tiles.
+    return min(block_n, 128 * 128 // max(head_dim, 128)), warps, stages
 
 
 def _tile_config(block_m: int, dtype: torch.dtype, head_dim: int) -> tuple[int, int, int]:
@@ -679,7 +683,7 @@ class TritonAttentionBackend(AttentionBackend):
             n_sub = _cdiv(plan.work_q, tok)
             block_n, num_warps, num_stages = _tile_config(block_m, kv_cache.dtype, head_dim)
             if plan.work_q == 1 and kv_cache.dtype != torch.float32:
-                block_n, num_warps, num_stages = decode_launch(n_items)
+                block_n, num_warps, num_stages = decode_launch(n_items, head_dim)
             _paged_attention_kernel[(n_items, num_kv_heads, n_sub)](
                 q,
                 out,

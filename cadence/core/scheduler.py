@@ -71,6 +71,10 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # since the last step
+    # The Request each scheduled id named. With async scheduling a request can finish while
+    # a later step that includes it is in flight, and its id can be reused by then: update()
+    # must not hand that step's token to the newcomer.
+    requests: dict[str, Request] = field(default_factory=dict)
 
     @property
     def is_empty(self) -> bool:
@@ -272,6 +276,7 @@ class Scheduler:
                 req.num_computed_tokens += num
                 if req.num_computed_tokens == req.num_tokens + req.num_placeholders:
                     req.num_placeholders += 1  # this step samples a token for it
+        out.requests = {rid: self.requests[rid] for rid in out.num_scheduled_tokens}
         preempted += priority_preempted
         out.preempted_ids = [r.request_id for r in preempted if r.status == RequestStatus.PREEMPTED]
         out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
@@ -331,8 +336,8 @@ class Scheduler:
         async_mode = self.config.async_scheduling
         for rid, num in sched.num_scheduled_tokens.items():
             req = self.requests.get(rid)
-            if req is None:
-                continue  # finished or aborted since it was scheduled
+            if req is None or req is not sched.requests.get(rid, req):
+                continue  # finished or aborted since it was scheduled (its id maybe reused)
             if async_mode:
                 # Counted at schedule time. A request preempted since then still gets the
                 # token it sampled (it is real output); it recomputes everything later.

@@ -169,7 +169,7 @@ class EngineCore:
             # Jump-forward needs each step's tokens before the next is scheduled: while
             # constrained requests want it, steps run synchronously (after reading back
             # the step in flight).
-            if not (self.grammars.matchers and self.config.structured.jump_forward):
+            if not self._wants_jump_forward():
                 return self._step_async()
             if self._in_flight is not None:
                 return self._drain(jump=True)  # nothing launched after it: may jump
@@ -214,6 +214,16 @@ class EngineCore:
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
+
+    def _wants_jump_forward(self) -> bool:
+        """A running constrained request could take forced tokens (no logprobs wanted)."""
+        if not (self.grammars.matchers and self.config.structured.jump_forward):
+            return False
+        requests = self.scheduler.requests
+        return any(
+            rid in requests and requests[rid].sampling_params.logprobs is None
+            for rid in self.grammars.matchers
+        )
 
     def _drain(self, jump: bool = False) -> list[RequestUpdate]:
         """Read back the step in flight and update; launch nothing. `jump`: forced tokens

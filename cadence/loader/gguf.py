@@ -3,7 +3,7 @@
 The conversion uses the readers transformers already has (config, tokenizer with its chat
 template, and dequantized tensors with Q/K un-permuted into HF layout) and writes
 config.json + model.safetensors + tokenizer files into a cache folder keyed by the file's
-content (size, first and last MiB). Later starts skip straight to the folder.
+content (its size and a MiB at its start, middle and end). Later starts skip straight to the folder.
 """
 
 from __future__ import annotations
@@ -50,15 +50,16 @@ def default_model_path() -> str:
 
 
 def _content_key(src: Path) -> str:
-    """The file's size and the hash of its first and last MiB: the same model file keys the
-    same folder whichever environment installed it (a path- or mtime-based key made every
-    fresh virtualenv convert, and keep, its own 0.5 GB copy)."""
+    """The file's size and the hash of a MiB at its start, middle and end: the same model
+    file keys the same folder whichever environment installed it (a path- or mtime-based
+    key made every fresh virtualenv convert, and keep, its own 0.5 GB copy), and reading
+    three MiB keeps the check instant for multi-GB files."""
     size = src.stat().st_size
     h = hashlib.sha256(f"{CONVERTER_VERSION}|{size}|".encode())
     with open(src, "rb") as f:
-        h.update(f.read(2**20))
-        f.seek(max(0, size - 2**20))
-        h.update(f.read(2**20))
+        for at in (0, size // 2, max(0, size - 2**20)):
+            f.seek(at)
+            h.update(f.read(2**20))
     return h.hexdigest()[:16]
 
 

@@ -57,7 +57,13 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, k, cos_sin)
         out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
         out = out.reshape(-1, self.q_size)
-        if out.shape[0] == 1 and out.is_cuda and out.dtype in (torch.bfloat16, torch.float16):
+        w = self.o_proj.weight
+        if (
+            out.shape[0] == 1
+            and out.is_cuda
+            and w.dtype in (torch.bfloat16, torch.float16)
+            and w.is_contiguous()
+        ):
             from cadence.layers.gemv import gemv  # batch-1 decode: beats cuBLAS on this shape
 
             return gemv(out, self.o_proj.weight, self.o_proj.bias)

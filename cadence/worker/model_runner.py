@@ -56,6 +56,7 @@ class PendingSample:
     later, while the next forward pass runs)."""
 
     sample_ids: list[str]
+    states: list[_RequestState]  # the requests sampled (an id may be reused meanwhile)
     out: SamplerOutput  # on the host (CPU device), or pinned host copies being filled
     ready: torch.cuda.Event | None  # passed: the copies have landed
 
@@ -518,7 +519,7 @@ class ModelRunner:
             )
             ready = torch.cuda.Event()
             ready.record()
-        return PendingSample(rids, host, ready)
+        return PendingSample(rids, [self.requests[rid] for rid in rids], host, ready)
 
     def resolve(self, pending: PendingSample | None) -> SampledTokens:
         """Wait for a launched sampling and append its ids: the step's one device-to-host
@@ -535,8 +536,8 @@ class ModelRunner:
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
         for i, rid in enumerate(pending.sample_ids):
             st = self.requests.get(rid)
-            if st is None:
-                continue
+            if st is None or st is not pending.states[i]:
+                continue  # finished or aborted meanwhile (and its id maybe reused)
             st.num_pending -= 1
             st.token_ids.append(tokens[i])
             result.sampled[rid] = tokens[i]

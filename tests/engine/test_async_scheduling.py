@@ -123,3 +123,26 @@ def test_jump_forward_runs_synchronous_steps_and_keeps_its_outputs():
         forced[mode] = llm.engine.grammars.stats.jump_forward_tokens
     assert outs[True] == outs[False]
     assert forced[True] == forced[False] > 0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_id_reused_right_after_a_stop_gets_only_its_own_tokens(
+    async_scheduling, tiny_model_dir, hf_model
+):
+    """Request "a" stops while the next step (which still includes it) is in flight; a new
+    request "a" added at once must not receive that step's token."""
+    path = tiny_model_dir("llama")
+    first, second = make_prompts(512, [9, 13], seed=3)
+    hf = hf_model(path)
+    stop_at = hf_greedy(hf, first, 8)[3]
+    llm = LLM(path, dtype="float32", num_gpu_blocks_override=64, async_scheduling=async_scheduling)
+    engine = llm.engine
+    stop = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[stop_at])
+    engine.add_request("a", first, stop)
+    while not any(u.request_id == "a" and u.finished for u in engine.step()):
+        pass
+    engine.add_request("a", second, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    tokens = []
+    while engine.has_unfinished_requests():
+        tokens += [t for u in engine.step() for t in u.new_token_ids]
+    assert tokens == hf_greedy(hf, second, 6)
