@@ -578,34 +578,54 @@ class ModelRunner:
                 batch.min_p = to_device(
                     torch.tensor([p.min_p for p in params], dtype=torch.float32), dev
                 )
-        # logit bias and the min_tokens ban, as one dense additive bias
-        bias = None
+        # Logit bias, the min_tokens ban and the penalties' token counts are [rows, vocab]
+        # tensors built on the device from sparse (row * vocab + token) indices: only the
+        # ids cross to the device, never a dense [rows, 128k] host tensor.
+        n = len(states)
+        bias_idx: list[int] = []
+        bias_val: list[float] = []
+        ban_idx: list[int] = []
         for i, (s, p) in enumerate(zip(states, params)):
-            num_out = len(s.token_ids) - s.num_prompt_tokens
-            banned = []
-            if num_out < p.min_tokens:
+            for tid, b in (p.logit_bias or {}).items():
+                bias_idx.append(i * vocab + int(tid))
+                bias_val.append(float(b))
+            if len(s.token_ids) - s.num_prompt_tokens < p.min_tokens:
                 banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
-            if p.logit_bias or banned:
-                if bias is None:
-                    bias = torch.zeros((len(states), vocab), dtype=torch.float32)
-                for tid, b in (p.logit_bias or {}).items():
-                    bias[i, int(tid)] += float(b)
-                if banned:
-                    bias[i, banned] = float("-inf")
-        if bias is not None:
-            batch.bias = to_device(bias, dev)
-        if any(p.needs_penalties for p in params):
-            counts = torch.zeros((len(states), vocab), dtype=torch.float32)
-            seen = torch.zeros((len(states), vocab), dtype=torch.bool)
-            for i, s in enumerate(states):
-                out_ids = torch.tensor(s.token_ids[s.num_prompt_tokens :], dtype=torch.int64)
-                counts[i] = torch.bincount(out_ids, minlength=vocab)[:vocab].float()
-                seen[i, torch.tensor(s.token_ids, dtype=torch.int64)] = True
-            batch.presence = to_device(torch.tensor([p.presence_penalty for p in params]), dev)
-            batch.frequency = to_device(torch.tensor([p.frequency_penalty for p in params]), dev)
-            batch.repetition = to_device(torch.tensor([p.repetition_penalty for p in params]), dev)
-            batch.output_counts = to_device(counts, dev)
-            batch.seen_mask = to_device(seen, dev)
+                ban_idx.extend(i * vocab + t for t in banned)
+        if bias_idx or ban_idx:
+            bias = torch.zeros(n * vocab, dtype=torch.float32, device=dev)
+            if bias_idx:
+                values = to_device(torch.tensor(bias_val, dtype=torch.float32), dev)
+                bias.index_add_(0, to_device(torch.tensor(bias_idx), dev), values)
+            if ban_idx:  # after the bias: a ban wins over any bias
+                bias.index_fill_(0, to_device(torch.tensor(ban_idx), dev), float("-inf"))
+            batch.bias = bias.view(n, vocab)
+        penalized = [i for i, p in enumerate(params) if p.needs_penalties]
+        if penalized:
+            out_idx, seen_idx = [], []
+            for i in penalized:
+                s = states[i]
+                ids = np.asarray(s.token_ids, dtype=np.int64) + i * vocab
+                out_idx.append(ids[s.num_prompt_tokens :])
+                seen_idx.append(ids)  # the repetition penalty counts the prompt too
+            segments = [np.concatenate(out_idx), np.concatenate(seen_idx)]
+            packed = to_device(torch.from_numpy(_pack_aligned(segments)), dev)
+            out_d, seen_d = (
+                packed[o : o + len(a)] for o, a in zip(_aligned_offsets(segments), segments)
+            )
+            counts = torch.zeros(n * vocab, dtype=torch.float32, device=dev)
+            counts.index_add_(0, out_d, torch.ones(len(out_d), dtype=torch.float32, device=dev))
+            seen = torch.zeros(n * vocab, dtype=torch.bool, device=dev)
+            seen[seen_d] = True
+            factors = torch.tensor(
+                [[p.presence_penalty, p.frequency_penalty, p.repetition_penalty] for p in params],
+                dtype=torch.float32,
+            )
+            batch.presence, batch.frequency, batch.repetition = to_device(
+                factors.T.contiguous(), dev
+            )
+            batch.output_counts = counts.view(n, vocab)
+            batch.seen_mask = seen.view(n, vocab)
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         batch.max_logprobs = max(wanted) if wanted else None
         return batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from model_helpers import hf_greedy, make_prompts
 
 from cadence import LLM, SamplingParams
@@ -183,3 +184,47 @@ def test_outputs_carry_timings(llm):
     m = out.metrics
     assert out.finished
     assert m.arrival_time <= m.first_token_time <= m.last_token_time <= m.finished_time
+
+
+def test_penalties_equal_a_reference_loop(llm, tiny_model_dir, hf_model):
+    """Greedy under repetition (prompt + output), presence and frequency (output only)
+    penalties, in a batch with an unpenalised request, equals a transformers loop applying
+    the same formulas to its float32 logits, token for token."""
+    model = hf_model(tiny_model_dir("llama"))
+    rep, presence, frequency = 1.4, 0.7, 0.3
+
+    def reference(prompt, steps):
+        ids = list(prompt)
+        out = []
+        for _ in range(steps):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            seen = torch.zeros_like(logits, dtype=torch.bool)
+            seen[torch.tensor(ids)] = True
+            logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+            counts = torch.bincount(torch.tensor(out, dtype=torch.int64), minlength=logits.numel())
+            logits = logits - frequency * counts - presence * (counts > 0).float()
+            out.append(int(logits.argmax()))
+            ids.append(out[-1])
+        return out
+
+    penalised = SamplingParams(
+        temperature=0,
+        max_tokens=10,
+        ignore_eos=True,
+        repetition_penalty=rep,
+        presence_penalty=presence,
+        frequency_penalty=frequency,
+    )
+    plain = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    # Prompts that end in the model's own greedy continuation, which it tends to repeat:
+    # the penalties on prompt tokens then decide the argmax.
+    prompts = [p + hf_greedy(model, p, 12) for p in PROMPTS[:3]]
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        [penalised, plain, penalised],
+        use_tqdm=False,
+    )
+    with torch.inference_mode():
+        assert outs[0].outputs[0].token_ids == reference(prompts[0], 10)
+        assert outs[2].outputs[0].token_ids == reference(prompts[2], 10)
+    assert outs[1].outputs[0].token_ids == hf_greedy(model, prompts[1], 10)
