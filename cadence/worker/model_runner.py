@@ -554,7 +554,7 @@ class ModelRunner:
         temps = [0.0 if p.greedy else p.temperature for p in params]
         all_greedy = all(t == 0.0 for t in temps)
         batch = SamplingBatch(
-            temperature=None if all_greedy else to_device(torch.tensor(temps), dev),
+            temperature=None,
             top_k=None,
             top_p=None,
             min_p=None,
@@ -565,19 +565,26 @@ class ModelRunner:
                 if s.generator is not None and not s.params.greedy
             },
         )
-        if not batch.all_greedy:
+        if not all_greedy:
+            # Every per-row parameter in one [4, rows] copy (top-k as a float: exact
+            # for any vocabulary below 2^24).
+            rows = torch.tensor(
+                [
+                    temps,
+                    [p.top_k if 0 < p.top_k < vocab else vocab for p in params],
+                    [p.top_p for p in params],
+                    [p.min_p for p in params],
+                ],
+                dtype=torch.float32,
+            )
+            temperature, top_k, top_p, min_p = to_device(rows, dev)
+            batch.temperature = temperature
             if any(0 < p.top_k < vocab for p in params):
-                batch.top_k = to_device(
-                    torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]), dev
-                )
+                batch.top_k = top_k.long()
             if any(p.top_p < 1.0 for p in params):
-                batch.top_p = to_device(
-                    torch.tensor([p.top_p for p in params], dtype=torch.float32), dev
-                )
+                batch.top_p = top_p
             if any(p.min_p > 0.0 for p in params):
-                batch.min_p = to_device(
-                    torch.tensor([p.min_p for p in params], dtype=torch.float32), dev
-                )
+                batch.min_p = min_p
         # Logit bias, the min_tokens ban and the penalties' token counts are [rows, vocab]
         # tensors built on the device from sparse (row * vocab + token) indices: only the
         # ids cross to the device, never a dense [rows, 128k] host tensor.
