@@ -6,19 +6,28 @@ float32 ops transformers uses, then indexed by each token's position.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 
 def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [head_dim / 2], attention scale) for the config's rope type.
+    default, linear and llama3 are computed here, in the float32 ops transformers uses (so
+    the tables are bit-identical); other types come from transformers' own functions."""
     params = getattr(config, "rope_parameters", None) or {}
     scaling = getattr(config, "rope_scaling", None) or {}
     rope_type = (
         params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     )
-    if rope_type == "default":
+    if rope_type in ("default", "linear", "llama3"):
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        if rope_type == "linear":  # positions interpolated: every frequency slowed alike
+            return inv / (params or scaling)["factor"], 1.0
+        if rope_type == "llama3":
+            return _llama3_frequencies(inv, params or scaling), 1.0
         return inv, 1.0
     if rope_type == "dynamic":
         raise ValueError("dynamic NTK rope scaling depends on the sequence length; not supported")
@@ -27,6 +36,22 @@ def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"unsupported rope type {rope_type!r}")
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+
+
+def _llama3_frequencies(inv: torch.Tensor, p: dict) -> torch.Tensor:
+    """Llama 3.1's context extension: wavelengths longer than the original context divided
+    by low_freq_factor are slowed by `factor`, those shorter than it divided by
+    high_freq_factor are kept, and the band between blends the two linearly in
+    original_context / wavelength."""
+    factor = p["factor"]
+    low, high = p["low_freq_factor"], p["high_freq_factor"]
+    context = p["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv
+    slowed = torch.where(wavelength > context / low, inv / factor, inv)
+    blend = (context / wavelength - low) / (high - low)
+    blended = (1 - blend) * slowed / factor + blend * slowed
+    between = ~(wavelength < context / high) * ~(wavelength > context / low)
+    return torch.where(between, blended, slowed)
 
 
 class RotaryEmbedding(nn.Module):

@@ -17,6 +17,7 @@ from torch import nn
 
 from cadence.attention.base import AttentionBackend
 from cadence.loader.gguf import convert_gguf, default_model_path
+from cadence.loader.hf_config import read_config
 from cadence.models.registry import resolve_model_class
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,11 @@ def resolve_model_path(model: str | None) -> str:
 
 
 def load_hf_config(path: str):
+    """The model's config: read directly where that is safe (see hf_config.py), else by
+    transformers' AutoConfig."""
+    config = read_config(path)
+    if config is not None:
+        return config
     from transformers import AutoConfig
 
     try:

@@ -21,6 +21,7 @@ from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
 from cadence.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from cadence.loader.hf_config import generation_eos_ids
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
 from cadence.sampling_params import SamplingParams
 from cadence.worker.block_tables import BlockTables
@@ -72,17 +73,10 @@ class ModelOutput:
 def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
     """End-of-sequence ids from config.json and, where present, generation_config.json."""
     ids: list[int] = []
-    sources = [getattr(hf_config, "eos_token_id", None)]
-    try:
-        from transformers import GenerationConfig
-
-        sources.append(GenerationConfig.from_pretrained(path).eos_token_id)
-    except (OSError, ValueError):
-        pass
-    for src in sources:
-        for tid in [src] if isinstance(src, int) else (src or []):
-            if tid not in ids:
-                ids.append(int(tid))
+    src = getattr(hf_config, "eos_token_id", None)
+    for tid in [*([src] if isinstance(src, int) else (src or [])), *generation_eos_ids(path)]:
+        if int(tid) not in ids:
+            ids.append(int(tid))
     return tuple(ids)
 
 
