@@ -127,6 +127,20 @@ def top_kernels(prof, steps: int, k: int = 12) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])[:k]
 
 
+def print_step_kernels(table: dict[str, float], prof) -> None:
+    """One profiled step: GPU time per kernel class, then its top kernels."""
+    for k, v in table.items():
+        print(f"  {k:16s} {v / 1e3:8.2f} ms")
+    for name, us, count in top_kernels(prof, 1):
+        print(f"    {us / 1e3:8.2f} ms x{count:<4d} {name}")
+
+
+def write_json(path: str | None, result: dict) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
 def profile_steps(engine, steps: int):
     from torch.profiler import ProfilerActivity, profile
 
@@ -294,16 +308,11 @@ def main() -> None:
             f"{args.input_len}: ~{num_decodes} decodes + prefill chunks, wall "
             f"{wall * 1e3:.1f} ms, GPU {sum(table.values()) / 1e3:.1f} ms"
         )
-        for k, v in table.items():
-            print(f"  {k:16s} {v / 1e3:8.2f} ms")
-        for name, us, count in top_kernels(prof, 1):
-            print(f"    {us / 1e3:8.2f} ms x{count:<4d} {name}")
+        print_step_kernels(table, prof)
 
     # one prefill step of --prefill-tokens tokens
     if not args.prefill_tokens:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+        write_json(args.json, result)
         return
     n = max(1, args.prefill_tokens // args.prefill_prompt_len)
     add_batch(engine, "pre", n, args.prefill_prompt_len, 1, 3)
@@ -320,13 +329,8 @@ def main() -> None:
         f"GPU {sum(table.values()) / 1e3:.1f} ms; linear layers {flops / 1e12:.0f} TFLOP -> "
         f"gemm kernels at {flops / gemm / 1e12 if gemm else 0:.0f} TFLOP/s"
     )
-    for k, v in table.items():
-        print(f"  {k:16s} {v / 1e3:8.2f} ms")
-    for name, us, count in top_kernels(prof, 1):
-        print(f"    {us / 1e3:8.2f} ms x{count:<4d} {name}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    print_step_kernels(table, prof)
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

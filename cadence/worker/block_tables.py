@@ -74,9 +74,6 @@ class BlockTables:
     def remove(self, row: int) -> None:
         self.free_rows.append(row)
 
-    def blocks(self, row: int) -> np.ndarray:
-        return self.host[row, : self.num_blocks[row]]
-
     def _grow(self) -> None:
         """Double the rows (more requests held than expected: preempted ones keep theirs).
         Pending diffs are dropped: the new device table is copied whole from the host."""

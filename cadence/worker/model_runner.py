@@ -90,24 +90,20 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
-def _aligned_offsets(segments: list[np.ndarray]) -> list[int]:
-    """Offsets of the segments when each starts on a 16-byte boundary (2 int64s)."""
+def to_device_aligned(segments: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """int64 arrays on `device` in one copy, as views of one buffer in which each starts on
+    a 16-byte boundary (2 int64s). Triton compiles a kernel once per pointer alignment it
+    sees (16 bytes or not): unaligned views of one packed buffer would compile new variants
+    in the middle of serving, at the whim of the token count."""
     offsets, at = [], 0
     for a in segments:
         offsets.append(at)
         at += -(-len(a) // 2) * 2
-    return offsets
-
-
-def _pack_aligned(segments: list[np.ndarray]) -> np.ndarray:
-    """int64 segments in one array, each 16-byte aligned. Triton compiles a kernel once per
-    pointer alignment it sees (16 bytes or not): unaligned views of one packed buffer
-    would compile new variants in the middle of serving, at the whim of the token count."""
-    offsets = _aligned_offsets(segments)
-    out = np.zeros(offsets[-1] + -(-len(segments[-1]) // 2) * 2, dtype=np.int64)
+    host = np.zeros(at, dtype=np.int64)
     for o, a in zip(offsets, segments):
-        out[o : o + len(a)] = a
-    return out
+        host[o : o + len(a)] = a
+    packed = to_device(torch.from_numpy(host), device)
+    return [packed[o : o + len(a)] for o, a in zip(offsets, segments)]
 
 
 def pick_device(name: str) -> torch.device:
@@ -436,7 +432,6 @@ class ModelRunner:
         if fill_rows:
             fill_d = to_device(torch.tensor([fill_rows, fill_from], dtype=torch.int64), dev)
             fill = (fill_d[0], self._last_tokens[fill_d[1]])
-        seq_lens = seq_lens_np.tolist()
         if graph_size is not None:
             token_inputs = np.stack([np.array(input_ids), positions, slots, seq_lens_np, rows_np])
             hidden = self.graphs.run(graph_size, token_inputs, self.tables, width, fill)
@@ -446,10 +441,7 @@ class ModelRunner:
             qsl = np.concatenate([[0], np.cumsum(qlens_np)])
             ids_np = np.array(input_ids, dtype=np.int64)
             segments = [ids_np, positions, slots, seq_lens_np, qsl, rows_np]
-            packed = to_device(torch.from_numpy(_pack_aligned(segments)), dev)
-            ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = (
-                packed[o : o + len(a)] for o, a in zip(_aligned_offsets(segments), segments)
-            )
+            ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = to_device_aligned(segments, dev)
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
             meta = AttentionMetadata(
@@ -459,7 +451,7 @@ class ModelRunner:
                 slot_mapping=slots_d,
                 block_tables=self.tables.gather(rows_d, width),
                 query_lens_cpu=query_lens,
-                seq_lens_cpu=seq_lens,
+                seq_lens_cpu=seq_lens_np.tolist(),
                 block_size=bs,
             )
             meta = self.backend.build(meta)
@@ -610,10 +602,7 @@ class ModelRunner:
                 out_idx.append(ids[s.num_prompt_tokens :])
                 seen_idx.append(ids)  # the repetition penalty counts the prompt too
             segments = [np.concatenate(out_idx), np.concatenate(seen_idx)]
-            packed = to_device(torch.from_numpy(_pack_aligned(segments)), dev)
-            out_d, seen_d = (
-                packed[o : o + len(a)] for o, a in zip(_aligned_offsets(segments), segments)
-            )
+            out_d, seen_d = to_device_aligned(segments, dev)
             counts = torch.zeros(n * vocab, dtype=torch.float32, device=dev)
             counts.index_add_(0, out_d, torch.ones(len(out_d), dtype=torch.float32, device=dev))
             seen = torch.zeros(n * vocab, dtype=torch.bool, device=dev)

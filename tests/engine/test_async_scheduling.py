@@ -15,6 +15,11 @@ from cadence.sampling_params import StructuredOutputsParams
 
 LENGTHS = [3, 9, 17, 31, 40, 5, 64, 23]
 NEW_TOKENS = 32
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,14 +85,9 @@ def test_stops_lengths_seeds_and_logprobs_equal_the_synchronous_loop(llama):
 
 
 def test_grammars_see_every_token_before_the_next_mask():
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-    }
     chats = [[{"role": "user", "content": f"Describe person {i} as JSON."}] for i in range(4)]
     params = SamplingParams(
-        temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=schema)
+        temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(json=PERSON)
     )
     outs = {}
     for mode in (False, True):
@@ -103,14 +103,9 @@ def test_jump_forward_runs_synchronous_steps_and_keeps_its_outputs():
     """With async scheduling on, constrained requests that want jump-forward step the engine
     synchronously (the step in flight is read back first): same outputs and forced tokens
     as the synchronous loop, and free requests in the same batch unchanged."""
-    schema = {
-        "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-    }
     chats = [[{"role": "user", "content": f"Describe person {i} as JSON."}] for i in range(3)]
     constrained = SamplingParams(
-        temperature=0, max_tokens=48, structured_outputs=StructuredOutputsParams(json=schema)
+        temperature=0, max_tokens=48, structured_outputs=StructuredOutputsParams(json=PERSON)
     )
     free = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs, forced = {}, {}
