@@ -2,9 +2,10 @@
 # Every GPU figure of issue 4 in one command, on the H200 (see benchmarks/RESULTS.md):
 #   bash benchmarks/h200_run.sh            (results and logs under $OUT, or ./h200-out)
 # Needs the wheels of ../shared/tools/device-wheels in .whl/ when the machine lacks them.
-# PARTS picks sections (default: all of "startup tests bench profile"); under the device
-# tool's 10-minute limit run it as two calls, e.g. PARTS="startup tests bench", then
-# PARTS=profile.
+# PARTS picks sections (default: all of "startup tests serve bench profile"; "lat" is the
+# batch-1 and batch-64 rows of "bench" alone); under the device tool's 10-minute limit run it
+# as two calls, e.g. PARTS="startup tests serve bench", then PARTS=profile. "serve" needs a
+# model folder with a tokenizer in SERVE_MODEL (see benchmarks/gpu_serve_check.py).
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -22,7 +23,7 @@ LOG="$OUT/bench.log"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 benchmarks/hbm_bandwidth.py --json "$OUT/hbm.json"
 } 2>&1 | tee "$LOG"
-PARTS=${PARTS:-startup tests bench profile}
+PARTS=${PARTS:-startup tests serve bench profile}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 HBM=$(python3 -c "import json; print(json.load(open('$OUT/hbm.json'))['hbm_gbps'])")
 
@@ -62,16 +63,26 @@ if has tests; then
   done
   python3 -m pytest -q tests/worker/test_block_tables.py -p no:cacheprovider 2>&1 \
     | tee -a "$OUT/tests.log" | tail -2
+  # The engine's own suites on tiny models pick CUDA here: greedy equal to transformers
+  # whatever the batch, budget or preemption, sampling, penalties, grammars, async steps.
+  python3 -m pytest -q tests/engine tests/layers/test_sampler.py tests/loader/test_hf_config.py \
+    -p no:cacheprovider 2>&1 | tee -a "$OUT/tests.log" | tail -4
 fi
 run() {
   name=$1; shift
   echo "== $name: $*" | tee -a "$LOG"
   $BENCH "$@" 2>&1 | grep -v " INFO cadence.engine.core\|it/s\]" | tee -a "$LOG" | tail -9
 }
+if has serve; then
+  python3 benchmarks/gpu_serve_check.py "${SERVE_MODEL:-.gpu-smoke/smollm2}" 2>&1 \
+    | grep -v " INFO " | tee -a "$OUT/serve.log" | tee -a "$LOG"
+fi
 # Defaults: async scheduling and CUDA graphs on, token budget 8192.
-if has bench; then
+if has bench || has lat; then
 run lat_b1 latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --json "$OUT/lat_b1.json"
 run lat_b64 latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --json "$OUT/lat_b64.json"
+fi
+if has bench; then
 run tput_128 throughput $M $COMMON --num-prompts 256 --input-len 128 --output-len 256
 run tput_1024 throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256
 run lat_b1_eager latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --enforce-eager --num-iters 1

@@ -32,7 +32,9 @@ def classify(name: str) -> str:
     if "attention" in n or "split_kv" in n:
         return "attention"
     if "write_kv" in n:
-        return "kv write"
+        return "rotary + kv write"
+    if "gemv" in n:
+        return "gemv (+ norm / silu*mul)"
     if "gemm" in n or "cutlass" in n or "nvjet" in n or "sm90_" in n or "cublas" in n:
         return "gemm"
     if "rms_norm" in n:

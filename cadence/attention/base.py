@@ -52,5 +52,8 @@ class AttentionBackend(abc.ABC):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
-        """Write k/v into their slots, then attend each query token to its context."""
+        """Rotate q and k by `rotary` (cos, sin [T, 1, D], rotate-half; None: already
+        rotated), write k/v into their slots, then attend each query token to its context.
+        q and k may be rotated in place."""

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
+from cadence.layers.rotary import apply_rotary
 
 
 @dataclass
@@ -68,7 +69,11 @@ class TorchAttentionBackend(AttentionBackend):
         meta.backend_data = plan
         return meta
 
-    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(
+        self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float, rotary=None
+    ) -> torch.Tensor:
+        if rotary is not None:
+            q, k = apply_rotary(q, k, rotary)
         num_kv_heads, head_dim = kv_cache.shape[-2:]
         k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
         v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)

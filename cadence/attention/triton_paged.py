@@ -3,9 +3,10 @@
 Per layer, `forward` launches up to four kernels:
 
   A  _write_kv_kernel         grid (T,)
-     one program per new token: copy its K and V rows (all KV heads) into the token's
-     cache slot. Runs first, so the attention below reads this step's keys from the cache
-     like any other key (no special case for "new" keys).
+     one program per new token: rotate its q heads in place (rotary, rotate-half layout)
+     and copy its K (rotated) and V rows, all KV heads, into the token's cache slot. Runs
+     first, so the attention below reads this step's keys from the cache like any other
+     key (no special case for "new" keys).
 
   B  _paged_attention_kernel  grid (work items, Hkv, sub-tiles)
      A work item is up to work_q consecutive query tokens of one request, planned in
@@ -62,6 +63,7 @@ import triton
 import triton.language as tl
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
+from cadence.layers.fused import rotate_half_rows
 
 LOG2E = 1.4426950408889634
 MAX_WORK_Q = 64  # most query tokens in one work item of kernel B
@@ -117,36 +119,72 @@ def _cdiv(a: int, b: int) -> int:
 
 @triton.jit
 def _write_kv_kernel(
+    q_ptr,
     k_ptr,
     v_ptr,
     cache_ptr,
     slot_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qt,
+    stride_qh,
     stride_kt,
     stride_kh,
     stride_vt,
     stride_vh,
+    stride_cos,
     stride_ckv,
     stride_cblk,
     stride_ctok,
     stride_chead,
+    num_q_heads,
     num_kv_heads,
     BLOCK_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,  # head_dim // 2
     BLOCK_H: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    ROTARY: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, HALF)[None, :]
+    h = tl.arange(0, BLOCK_H)[:, None]
+    if ROTARY:
+        cos1 = tl.load(cos_ptr + t * stride_cos + tl.arange(0, HALF))
+        cos2 = tl.load(cos_ptr + t * stride_cos + HALF + tl.arange(0, HALF))
+        sin1 = tl.load(sin_ptr + t * stride_cos + tl.arange(0, HALF))
+        sin2 = tl.load(sin_ptr + t * stride_cos + HALF + tl.arange(0, HALF))
+        # q is rotated in place (even for a padding token: harmless, its output is unused).
+        hq = tl.arange(0, BLOCK_HQ)[:, None]
+        for h0 in range(0, num_q_heads, BLOCK_HQ):
+            qmask = (h0 + hq) < num_q_heads
+            ptr = q_ptr + t * stride_qt + (h0 + hq) * stride_qh + d
+            q1, q2 = rotate_half_rows(
+                tl.load(ptr, mask=qmask, other=0.0),
+                tl.load(ptr + HALF, mask=qmask, other=0.0),
+                cos1,
+                sin1,
+                cos2,
+                sin2,
+            )
+            tl.store(ptr, q1, mask=qmask)
+            tl.store(ptr + HALF, q2, mask=qmask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     # A negative slot marks a padding token (e.g. a CUDA-graph pad): write nothing.
     if slot >= 0:
-        h = tl.arange(0, BLOCK_H)[:, None]
-        d = tl.arange(0, HEAD_DIM)[None, :]
-        mask = (h < num_kv_heads) & (d < HEAD_DIM)
-        k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
-        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
+        mask = h < num_kv_heads
         dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cblk + (slot % BLOCK_SIZE) * stride_ctok
         dst += h * stride_chead + d
-        tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + stride_ckv, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        src_k = k_ptr + t * stride_kt + h * stride_kh + d
+        src_v = v_ptr + t * stride_vt + h * stride_vh + d
+        k1 = tl.load(src_k, mask=mask)
+        k2 = tl.load(src_k + HALF, mask=mask)
+        if ROTARY:  # the rotated key goes to the cache only: attention reads keys there
+            k1, k2 = rotate_half_rows(k1, k2, cos1, sin1, cos2, sin2)
+        out_t = cache_ptr.dtype.element_ty
+        tl.store(dst, k1.to(out_t), mask=mask)
+        tl.store(dst + HALF, k2.to(out_t), mask=mask)
+        tl.store(dst + stride_ckv, tl.load(src_v, mask=mask).to(out_t), mask=mask)
+        tl.store(dst + stride_ckv + HALF, tl.load(src_v + HALF, mask=mask).to(out_t), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -610,29 +648,50 @@ class TritonAttentionBackend(AttentionBackend):
     # ---- once a layer -----------------------------------------------------------------
 
     def write_kv(
-        self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        q: torch.Tensor | None = None,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
-        """Kernel A: copy each token's K/V rows into its slot; a slot < 0 is skipped."""
+        """Kernel A: copy each token's K/V rows into its slot (a slot < 0 is skipped). With
+        `rotary` (cos, sin [T, 1, D]), q is rotated in place and k on its way to the cache,
+        in the same launch."""
         num_tokens, num_kv_heads, head_dim = k.shape
         if num_tokens == 0:
             return
+        if rotary is not None:
+            cos, sin = (c.reshape(num_tokens, head_dim) for c in rotary)
+        else:
+            q, cos, sin = k, k, k  # unused pointers
         _write_kv_kernel[(num_tokens,)](
+            q,
             k,
             v,
             kv_cache,
             slot_mapping,
+            cos,
+            sin,
+            q.stride(0),
+            q.stride(1),
             k.stride(0),
             k.stride(1),
             v.stride(0),
             v.stride(1),
+            cos.stride(0),
             kv_cache.stride(0),
             kv_cache.stride(1),
             kv_cache.stride(2),
             kv_cache.stride(3),
+            q.shape[1],
             num_kv_heads,
             BLOCK_SIZE=kv_cache.shape[2],
-            HEAD_DIM=head_dim,
+            HALF=head_dim // 2,
             BLOCK_H=_next_pow2(num_kv_heads),
+            BLOCK_HQ=min(8, _next_pow2(q.shape[1])),
+            ROTARY=rotary is not None,
         )
 
     def forward(
@@ -643,6 +702,7 @@ class TritonAttentionBackend(AttentionBackend):
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         plan: TritonPlan = meta.backend_data
         num_tokens, num_heads, head_dim = q.shape
@@ -661,7 +721,7 @@ class TritonAttentionBackend(AttentionBackend):
             return out
         cache_strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
 
-        self.write_kv(k, v, kv_cache, meta.slot_mapping)
+        self.write_kv(k, v, kv_cache, meta.slot_mapping, q, rotary)
 
         group = num_heads // num_kv_heads
         g_pad = _next_pow2(group)

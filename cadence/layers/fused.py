@@ -9,6 +9,7 @@ even inside a CUDA graph. Each function here does one of those chains in one lau
     rms_norm(x, weight, eps)                 norm(x)
     silu_and_mul(x)                          silu(x[:, :d]) * x[:, d:]
     rotary_(q, k, cos, sin)                  rotate q and k in place (rotate-half layout)
+    argmax_rows(x)                           x.argmax(-1) of a few long rows (greedy tokens)
 
 They round where the PyTorch ops round (to the activation dtype after each op that
 PyTorch runs in it), so bf16 results equal the unfused layers' up to fused multiply-adds.
@@ -128,6 +129,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def rotate_half_rows(x1, x2, cos1, sin1, cos2, sin2):
+    """x * cos + rotate_half(x) * sin for rows of one head, given as their halves x1, x2
+    [rows, D/2] and the halves of cos / sin [D/2]; rotate_half(x) = [-x2, x1]. Each product
+    and the sum are rounded to x's dtype, as PyTorch's ops do. Returns the two halves."""
+    dtype = x1.dtype
+    a1 = (x1.to(tl.float32) * cos1.to(tl.float32)[None, :]).to(dtype)
+    b1 = (-x2.to(tl.float32) * sin1.to(tl.float32)[None, :]).to(dtype)
+    a2 = (x2.to(tl.float32) * cos2.to(tl.float32)[None, :]).to(dtype)
+    b2 = (x1.to(tl.float32) * sin2.to(tl.float32)[None, :]).to(dtype)
+    return (
+        (a1.to(tl.float32) + b1.to(tl.float32)).to(dtype),
+        (a2.to(tl.float32) + b2.to(tl.float32)).to(dtype),
+    )
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr,
     k_ptr,
@@ -151,7 +168,6 @@ def _rotary_kernel(
     cos2 = tl.load(cos_ptr + t * stride_ct + HALF + d)
     sin1 = tl.load(sin_ptr + t * stride_ct + d)
     sin2 = tl.load(sin_ptr + t * stride_ct + HALF + d)
-    dtype = cos1.dtype
     for which in tl.static_range(2):
         if which == 0:
             base = q_ptr + t * stride_qt
@@ -166,16 +182,9 @@ def _rotary_kernel(
             ptr = base + (h0 + heads)[:, None] * stride_h + d[None, :]
             x1 = tl.load(ptr, mask=hmask[:, None], other=0.0)
             x2 = tl.load(ptr + HALF, mask=hmask[:, None], other=0.0)
-            # x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1]; each product and
-            # the sum rounded to the dtype, as PyTorch's ops do.
-            a1 = (x1.to(tl.float32) * cos1.to(tl.float32)[None, :]).to(dtype)
-            b1 = (-x2.to(tl.float32) * sin1.to(tl.float32)[None, :]).to(dtype)
-            a2 = (x2.to(tl.float32) * cos2.to(tl.float32)[None, :]).to(dtype)
-            b2 = (x1.to(tl.float32) * sin2.to(tl.float32)[None, :]).to(dtype)
-            tl.store(ptr, (a1.to(tl.float32) + b1.to(tl.float32)).to(dtype), mask=hmask[:, None])
-            tl.store(
-                ptr + HALF, (a2.to(tl.float32) + b2.to(tl.float32)).to(dtype), mask=hmask[:, None]
-            )
+            y1, y2 = rotate_half_rows(x1, x2, cos1, sin1, cos2, sin2)
+            tl.store(ptr, y1, mask=hmask[:, None])
+            tl.store(ptr + HALF, y2, mask=hmask[:, None])
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
@@ -201,3 +210,51 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
             BLOCK_H=min(8, _pow2(max(num_q, k.shape[1]))),
             num_warps=4,
         )
+
+
+# Greedy sampling's argmax over a [rows, vocab] logits tensor. torch's reduction gives each
+# row to one block, which then walks 128k entries alone: ~35 us for a single row on an H200,
+# most of a decode step's sampling. Here stage 1 splits every row into CHUNK-wide pieces
+# (max and its first index each), stage 2 picks the best piece of each row.
+_ARGMAX_CHUNK = 2048
+
+
+@triton.jit
+def _argmax_chunks_kernel(x_ptr, val_ptr, idx_ptr, stride_x, n_cols, n_chunks, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=cols < n_cols, other=float("-inf"))
+    x = x.to(tl.float32)
+    # NaN counts as the largest value, as in torch.argmax.
+    x = tl.where(x != x, float("inf"), x)
+    best, where = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(val_ptr + row * n_chunks + chunk, best)
+    tl.store(idx_ptr + row * n_chunks + chunk, chunk * CHUNK + where)
+
+
+@triton.jit
+def _argmax_pick_kernel(val_ptr, idx_ptr, out_ptr, n_chunks, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK)
+    vals = tl.load(val_ptr + row * n_chunks + i, mask=i < n_chunks, other=float("-inf"))
+    # Ties go to the earliest chunk, whose index is then the row's first maximum.
+    _, best = tl.max(vals, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    tl.store(out_ptr + row, tl.load(idx_ptr + row * n_chunks + best).to(tl.int64))
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) for a 2-D tensor: the first index of each row's maximum (NaN
+    counts as the largest), int64 [rows]."""
+    rows, cols = x.shape
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0 or cols == 0 or x.stride(1) != 1:
+        return x.argmax(dim=-1)
+    n_chunks = triton.cdiv(cols, _ARGMAX_CHUNK)
+    vals = torch.empty((rows, n_chunks), dtype=torch.float32, device=x.device)
+    idx = torch.empty((rows, n_chunks), dtype=torch.int32, device=x.device)
+    _argmax_chunks_kernel[(rows, n_chunks)](
+        x, vals, idx, x.stride(0), cols, n_chunks, CHUNK=_ARGMAX_CHUNK, num_warps=8
+    )
+    _argmax_pick_kernel[(rows,)](vals, idx, out, n_chunks, BLOCK=_pow2(n_chunks), num_warps=4)
+    return out

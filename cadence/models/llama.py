@@ -16,7 +16,7 @@ from torch import nn
 from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.layers.activation import SiluAndMul
 from cadence.layers.norm import RMSNorm
-from cadence.layers.rotary import RotaryEmbedding, apply_rotary
+from cadence.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -46,27 +46,19 @@ class Attention(nn.Module):
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
 
-    def forward(self, cos_sin, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+    def forward(self, cos_sin, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention from the projected qkv [T, (Hq + 2 Hkv) * D] to o_proj's output."""
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, cos_sin)
-        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale)
+        # The backend rotates q and k (the Triton one while it writes K/V to the cache).
+        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale, cos_sin)
         out = out.reshape(-1, self.q_size)
-        w = self.o_proj.weight
-        if (
-            out.shape[0] == 1
-            and out.is_cuda
-            and w.dtype in (torch.bfloat16, torch.float16)
-            and w.is_contiguous()
-        ):
-            from cadence.layers.gemv import gemv  # batch-1 decode: beats cuBLAS on this shape
-
-            return gemv(out, self.o_proj.weight, self.o_proj.bias)
+        if (gemv := _batch1_gemv(out, self.o_proj.weight, "o")) is not None:
+            return gemv.gemv(out, self.o_proj.weight, self.o_proj.bias)
         return self.o_proj(out)
 
 
@@ -80,8 +72,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = SiluAndMul()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate) * up) from the projected gate_up [T, 2 * intermediate]."""
+        if (gemv := _batch1_gemv(gate_up, self.down_proj.weight, "down")) is not None:
+            return gemv.silu_mul_gemv(gate_up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj(self.act(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -93,14 +88,41 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, cos_sin, x, residual, meta):
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(cos_sin, x, meta)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        attn, mlp = self.self_attn, self.mlp
+        qkv, residual = _norm_linear(x, residual, self.input_layernorm, attn.qkv_proj, "qkv")
+        x = attn(cos_sin, qkv, meta)
+        gate_up, residual = _norm_linear(
+            x, residual, self.post_attention_layernorm, mlp.gate_up_proj, "gate_up"
+        )
+        return mlp(gate_up), residual
+
+
+def _batch1_gemv(x: torch.Tensor, weight: torch.Tensor, projection: str):
+    """cadence.layers.gemv when this projection takes its fused Triton kernels: a single
+    row (batch-1 decode) of 16-bit activations on CUDA, and a projection in its
+    FUSED_PROJECTIONS. None otherwise (cuBLAS and the separate elementwise kernels)."""
+    if (
+        x.shape[0] != 1
+        or not x.is_cuda
+        or x.dtype not in (torch.bfloat16, torch.float16)
+        or not (weight.is_contiguous() and x.is_contiguous())
+    ):
+        return None
+    from cadence.layers import gemv
+
+    return gemv if projection in gemv.FUSED_PROJECTIONS else None
+
+
+def _norm_linear(x, residual, norm: RMSNorm, linear: nn.Linear, projection: str):
+    """(linear(norm(x + residual)), x + residual); the first layer has no residual yet
+    (then it is x). One kernel at batch 1 where the fused gemv serves."""
+    if (gemv := _batch1_gemv(x, linear.weight, projection)) is not None:
+        return gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias)
+    if residual is None:
+        residual, x = x, norm(x)
+    else:
+        x, residual = norm(x, residual)
+    return linear(x), residual
 
 
 class LlamaForCausalLM(nn.Module):

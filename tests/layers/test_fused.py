@@ -62,7 +62,7 @@ def check_all(device: str) -> None:
         assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
         # gemv: one row through a linear layer; K not a multiple of the tile, N not of the
         # row block (masked edges), with and without a bias.
-        from cadence.layers.gemv import gemv
+        from cadence.layers.gemv import gemv, rms_norm_gemv, silu_mul_gemv
 
         for n, k, bias in ((40, 1100, True), (16, 64, False)):
             layer = torch.nn.Linear(k, n, bias=bias).to(device, dtype)
@@ -71,6 +71,37 @@ def check_all(device: str) -> None:
             torch.testing.assert_close(
                 gemv(x, layer.weight, layer.bias), layer(x), atol=gtol, rtol=gtol
             )
+            # The residual add and RMSNorm folded in: equal to RMSNorm then the layer, and
+            # the residual stream exactly x + residual (as the unfused add rounds it).
+            norm = RMSNorm(k, 1e-5).to(device, dtype)
+            norm.weight.data.uniform_(0.5, 1.5)
+            r = torch.randn(1, k, device=device, dtype=dtype)
+            want, want_res = RMSNorm.forward(norm, x, r)
+            got, got_res = rms_norm_gemv(x, r, norm.weight, norm.eps, layer.weight, layer.bias)
+            torch.testing.assert_close(got, layer(want), atol=gtol, rtol=gtol)
+            assert torch.equal(got_res, want_res) or dtype != torch.float32
+            torch.testing.assert_close(got_res, want_res, atol=tol, rtol=tol)
+            got, same = rms_norm_gemv(x, None, norm.weight, norm.eps, layer.weight, layer.bias)
+            torch.testing.assert_close(got, layer(norm._norm(x)), atol=gtol, rtol=gtol)
+            assert same is x  # no residual yet: the stream is x itself
+            # SiLU-and-mul folded into the next projection: gate_up is [gate | up], 2K wide.
+            gate_up = torch.randn(1, 2 * k, device=device, dtype=dtype)
+            torch.testing.assert_close(
+                silu_mul_gemv(gate_up, layer.weight, layer.bias),
+                layer(SiluAndMul()(gate_up)),
+                atol=gtol,
+                rtol=gtol,
+            )
+        # argmax of long rows: ties go to the first index, as torch.argmax; a NaN wins.
+        logits = torch.randn(3, 5000, device=device).to(dtype)
+        logits[1, 4097] = logits[1, 123] = 50.0  # a tie across two chunks
+        logits[2, 4999] = 60.0  # the last, partial chunk
+        assert fused.argmax_rows(logits).tolist() == logits.argmax(-1).tolist()
+        assert fused.argmax_rows(logits)[1].item() == 123
+        logits[0, 77] = float("nan")
+        assert fused.argmax_rows(logits)[0].item() == 77
+        one = torch.randn(1, 128256, device=device).to(dtype)
+        assert fused.argmax_rows(one).tolist() == one.argmax(-1).tolist()
 
 
 def test_fused_kernels_under_the_interpreter():
