@@ -6,6 +6,9 @@
    a decode step runs): BLOCK_N x warps x stages, against the KV bytes each batch must read.
 2. cadence.layers.gemv (batch-1 linear layers) against torch's F.linear (cuBLAS) on
    Llama-3.1-8B's projection shapes: BLOCK_N x BLOCK_K x warps x stages.
+3. cadence.layers.skinny_gemm (decode-batch linear layers, M = 1 and 64) against cuBLAS on
+   the same shapes, each timed over enough weight copies that they cannot sit in the L2
+   (as in a decode step, where every weight byte comes from HBM).
 Prints each case's best settings and its bandwidth; the module constants take the winners.
 """
 
@@ -26,12 +29,13 @@ from attention_kernels import make_step  # noqa: E402
 
 import cadence.attention.triton_paged as tp  # noqa: E402
 import cadence.layers.gemv as gv  # noqa: E402
+import cadence.layers.skinny_gemm as sg  # noqa: E402
 
 
-def graph_ms(fn) -> float:
+def graph_ms(fn, rep: int = 50) -> float:
     fn()
     torch.cuda.synchronize()
-    return do_bench_cudagraph(fn, rep=50)
+    return do_bench_cudagraph(fn, rep=rep)
 
 
 def sweep_attention(results: dict) -> None:
@@ -111,16 +115,74 @@ def sweep_gemv(results: dict) -> None:
           f"({best_all[1]:.3f} ms for 32 layers + lm_head)", flush=True)  # fmt: skip
 
 
+# The decoder's projections (the LM head's cuBLAS kernel already reads at ~4,230 GB/s).
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
+          "down": (4096, 14336)}  # fmt: skip
+
+
+def sweep_skinny(results: dict) -> None:
+    configs = list(itertools.product((16, 32, 64, 128), (128, 256), (4,), (3, 4, 5)))
+    configs += [(64, 128, 8, 4), (128, 128, 8, 4), (32, 512, 4, 3), (16, 512, 4, 3)]
+    for m in (1, 64):
+        per_layer = {"cublas": 0.0, "best": 0.0}
+        for name, (n, k) in SHAPES.items():
+            nbytes = n * k * 2
+            copies = max(1, -(-200_000_000 // nbytes))  # > 4x the 50 MB L2
+            torch.manual_seed(0)
+            ws = [
+                torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02 for _ in range(copies)
+            ]
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
+            ref = torch.nn.functional.linear(x, ws[0]).float()
+
+            def run(fn, ws=ws):
+                return graph_ms(lambda: [fn(w) for w in ws], rep=15) / len(ws)
+
+            cublas = run(partial(torch.nn.functional.linear, x))
+            rows = []
+            for cfg in configs:
+                try:
+                    out = sg.skinny_gemm(x, ws[0], cfg).float()
+                    if not torch.allclose(out, ref, atol=2e-2, rtol=2e-2):
+                        print(f"  skinny m{m} {name} {cfg}: WRONG", flush=True)
+                        continue
+                    rows.append((run(lambda w, c=cfg, x=x: sg.skinny_gemm(x, w, c)), cfg))
+                except Exception as e:  # out of shared memory etc.
+                    print(f"  skinny m{m} {name} {cfg}: {type(e).__name__}", flush=True)
+            rows.sort()
+            best = rows[0]
+            per_layer["cublas"] += cublas * 32
+            per_layer["best"] += best[0] * 32
+            print(
+                f"skinny M={m:2d} {name:8s} [{n}x{k}]: cuBLAS {cublas * 1e3:6.1f} us "
+                f"({nbytes / cublas / 1e6:5.0f} GB/s); best {best[0] * 1e3:6.1f} us "
+                f"({nbytes / best[0] / 1e6:5.0f} GB/s) at {best[1]}; next "
+                f"{[(round(r[0] * 1e3, 1), r[1]) for r in rows[1:3]]}",
+                flush=True,
+            )
+            results[f"skinny_m{m}_{name}"] = {
+                "cublas_us": cublas * 1e3,
+                "rows": [(r[0] * 1e3, r[1]) for r in rows],
+            }
+        print(
+            f"skinny M={m}: 32 layers, cuBLAS {per_layer['cublas']:.3f} ms, "
+            f"best configs {per_layer['best']:.3f} ms",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
-    ap.add_argument("--only", choices=("attention", "gemv"), default=None)
+    ap.add_argument("--only", choices=("attention", "gemv", "skinny"), default=None)
     args = ap.parse_args()
     results: dict = {}
     if args.only in (None, "gemv"):
         sweep_gemv(results)
     if args.only in (None, "attention"):
         sweep_attention(results)
+    if args.only in (None, "skinny"):
+        sweep_skinny(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
