@@ -25,11 +25,11 @@ import torch
 from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, "benchmarks")
+import skinny_gemm as sg  # noqa: E402
 from attention_kernels import make_step  # noqa: E402
 
 import cadence.attention.triton_paged as tp  # noqa: E402
 import cadence.layers.gemv as gv  # noqa: E402
-import skinny_gemm as sg  # noqa: E402
 
 
 def graph_ms(fn, rep: int = 50) -> float:
