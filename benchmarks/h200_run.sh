@@ -2,8 +2,8 @@
 # Every GPU figure of issue 4 in one command, on the H200 (see benchmarks/RESULTS.md):
 #   bash benchmarks/h200_run.sh            (results and logs under $OUT, or ./h200-out)
 # Needs the wheels of ../shared/tools/device-wheels in .whl/ when the machine lacks them.
-# PARTS picks sections (default: all of "startup tests serve bench profile"; "lat" is the
-# batch-1 and batch-64 rows of "bench" alone); under the device tool's 10-minute limit run it
+# PARTS picks sections (default: all of "startup tests serve bench sync profile"; "lat" is
+# the batch-1 and batch-64 rows of "bench" alone, "sync" those rows without async scheduling); under the device tool's 10-minute limit run it
 # as two calls, e.g. PARTS="startup tests serve bench", then PARTS=profile. "serve" needs a
 # model folder with a tokenizer in SERVE_MODEL (see benchmarks/gpu_serve_check.py).
 set -uo pipefail
@@ -23,7 +23,7 @@ LOG="$OUT/bench.log"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   python3 benchmarks/hbm_bandwidth.py --json "$OUT/hbm.json"
 } 2>&1 | tee "$LOG"
-PARTS=${PARTS:-startup tests serve bench profile}
+PARTS=${PARTS:-startup tests serve bench sync profile}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 HBM=$(python3 -c "import json; print(json.load(open('$OUT/hbm.json'))['hbm_gbps'])")
 
@@ -87,6 +87,9 @@ run tput_128 throughput $M $COMMON --num-prompts 256 --input-len 128 --output-le
 run tput_1024 throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256
 run lat_b1_eager latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
 run lat_b64_eager latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
+fi
+# What async scheduling buys: the same latency runs with it off.
+if has sync; then
 run lat_b1_sync latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --no-async-scheduling --num-iters 2
 run lat_b64_sync latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --no-async-scheduling --num-iters 2
 fi

@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
-from cadence.layers.fused import rotate_half_rows
+from cadence.layers.fused import gdc_wait, pdl, rotate_half_rows
 
 LOG2E = 1.4426950408889634
 MAX_WORK_Q = 64  # most query tokens in one work item of kernel B
@@ -144,7 +144,10 @@ def _write_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     ROTARY: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, HALF)[None, :]
     h = tl.arange(0, BLOCK_H)[:, None]
@@ -363,7 +366,10 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     item = tl.program_id(0)
     kvh = tl.program_id(1)
     sub = tl.program_id(2)
@@ -437,7 +443,10 @@ def _split_kv_kernel(
     MAX_PARTS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     i = tl.program_id(0)
     kvh = tl.program_id(1)
     part = tl.program_id(2)
@@ -498,7 +507,10 @@ def _split_kv_reduce_kernel(
     partition_size,
     HEAD_DIM: tl.constexpr,
     MAX_PARTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     i = tl.program_id(0)
     h = tl.program_id(1)
     req = tl.load(split_req_ptr + i)
@@ -692,6 +704,8 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_H=_next_pow2(num_kv_heads),
             BLOCK_HQ=min(8, _next_pow2(q.shape[1])),
             ROTARY=rotary is not None,
+            PDL=pdl(k.device),
+            launch_pdl=pdl(k.device),
         )
 
     def forward(
@@ -722,6 +736,7 @@ class TritonAttentionBackend(AttentionBackend):
         cache_strides = (kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2))
 
         self.write_kv(k, v, kv_cache, meta.slot_mapping, q, rotary)
+        use_pdl = pdl(q.device)
 
         group = num_heads // num_kv_heads
         g_pad = _next_pow2(group)
@@ -772,8 +787,10 @@ class TritonAttentionBackend(AttentionBackend):
                 BLOCK_SIZE=block_size,
                 DOT_PRECISION=precision,
                 DOT_F32=dot_f32,
+                PDL=use_pdl,
                 num_warps=num_warps,
                 num_stages=num_stages,
+                launch_pdl=use_pdl,
             )
 
         n_split = plan.split_req.numel()
@@ -805,8 +822,10 @@ class TritonAttentionBackend(AttentionBackend):
                 MAX_PARTS=plan.max_parts,
                 DOT_PRECISION=precision,
                 DOT_F32=dot_f32,
+                PDL=use_pdl,
                 num_warps=SPLIT_NUM_WARPS,
                 num_stages=SPLIT_NUM_STAGES,
+                launch_pdl=use_pdl,
             )
             _split_kv_reduce_kernel[(n_split, num_heads)](
                 work,
@@ -820,6 +839,8 @@ class TritonAttentionBackend(AttentionBackend):
                 plan.partition_size,
                 HEAD_DIM=head_dim,
                 MAX_PARTS=plan.max_parts,
+                PDL=use_pdl,
                 num_warps=4,
+                launch_pdl=use_pdl,
             )
         return out

@@ -19,13 +19,36 @@ run these kernels on the CPU through Triton's interpreter).
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
 
+try:  # grid dependency control: Hopper's programmatic dependent launch (PDL)
+    from triton.language.extra.cuda import gdc_wait
+except ImportError:  # an older Triton: kernels launch as before
+    gdc_wait = None
+
 
 def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
+
+
+@functools.cache
+def pdl(device: torch.device) -> bool:
+    """Launch the decode step's Triton kernels with programmatic dependent launch: each one
+    may be launched while the kernel before it drains, and waits (`gdc_wait`, its first
+    instruction) until that kernel's writes are visible. It hides launch latency at each of
+    a step's ~10 kernel boundaries a layer. Hopper or newer, a Triton that has it, and not
+    CADENCE_PDL=0; kernels take `PDL: tl.constexpr` and pass it as `launch_pdl`."""
+    return (
+        gdc_wait is not None
+        and os.environ.get("CADENCE_PDL", "1") != "0"
+        and device.type == "cuda"
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 @triton.jit
@@ -43,7 +66,10 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -83,7 +109,9 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
             eps,
             HAS_RESIDUAL=residual is not None,
             BLOCK=_pow2(cols),
+            PDL=pdl(x.device),
             num_warps=8 if cols >= 2048 else 4,
+            launch_pdl=pdl(x.device),
         )
     return out, res_out
 
@@ -100,7 +128,11 @@ def add_rms_norm(
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -123,7 +155,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if rows:
         block = min(1024, _pow2(d))
         _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
-            x, out, x.stride(0), out.stride(0), d, BLOCK=block, num_warps=4
+            x,
+            out,
+            x.stride(0),
+            out.stride(0),
+            d,
+            BLOCK=block,
+            PDL=pdl(x.device),
+            num_warps=4,
+            launch_pdl=pdl(x.device),
         )
     return out
 

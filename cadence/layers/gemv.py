@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cadence.layers.fused import gdc_wait, pdl
+
 # Launch settings, module constants so a sweep can set them (benchmarks/kernel_sweep.py).
 # On an H200 at Llama-3.1-8B's shapes the plain gemv measured (alone, CUDA graph replay):
 # o_proj [4096 x 4096] 7.8 us against cuBLAS's 10.4; qkv and down tied with cuBLAS, gate_up
@@ -80,7 +82,10 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -159,8 +164,10 @@ def _launch(
         HAS_BIAS=bias is not None,
         BLOCK_N=block_n,
         BLOCK_K=BLOCK_K,
+        PDL=pdl(x.device),
         num_warps=LONG_NUM_WARPS if long else NUM_WARPS,
         num_stages=NUM_STAGES,
+        launch_pdl=pdl(x.device),
     )
     return y, res_out
 
