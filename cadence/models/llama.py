@@ -54,10 +54,6 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if qkv.is_cuda:  # HBM idles during a small batch's attention: fill L2 with o_proj
-            from cadence.layers.prefetch import warm_l2
-
-            warm_l2(self.o_proj.weight, qkv.shape[0])
         # The backend rotates q and k (the Triton one while it writes K/V to the cache).
         out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale, cos_sin)
         out = out.reshape(-1, self.q_size)

@@ -117,29 +117,3 @@ def test_fused_kernels_under_the_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fused_kernels_on_cuda():
     check_all("cuda")
-
-
-def test_l2_prefetch_is_a_no_op_off_cuda_and_for_big_steps():
-    from cadence.layers import prefetch
-
-    prefetch.warm_l2(torch.ones(64, 64), num_tokens=1)  # a CPU tensor: nothing launched
-    assert prefetch._l2_budget(torch.device("cpu")) == 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_l2_prefetch_runs_and_changes_nothing():
-    """The bulk L2 prefetch is a hint: it launches (inside a CUDA graph too), returns, and
-    the weight it warmed reads back unchanged, whatever its size against the chunking."""
-    from cadence.layers import prefetch
-
-    for n in (7, 4096 * 4096 + 24, 70_000_000):  # < one chunk, odd tail, > the L2 budget
-        w = torch.randn(n // 2, dtype=torch.bfloat16, device="cuda")
-        before = w.clone()
-        prefetch.warm_l2(w, num_tokens=1)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            prefetch.warm_l2(w, num_tokens=1)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(w, before)
