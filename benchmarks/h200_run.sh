@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure of issue 4 in one command, on the H200 (see benchmarks/RESULTS.md):
 #   bash benchmarks/h200_run.sh            (results and logs under $OUT, or ./h200-out)
-# Needs the wheels of ../shared/tools/device-wheels in .whl/ when the machine lacks them.
+# Needs the wheels of benchmarks/device_wheels.sh in .whl/ (and, for PARTS=serve, the model
+# folder it writes to .gpu-smoke/): carry both.
 # PARTS picks sections (default: all of "startup tests serve bench sync profile"; "lat" is
 # the batch-1 and batch-64 rows of "bench" alone, "sync" those rows without async scheduling); under the device tool's 10-minute limit run it
 # as two calls, e.g. PARTS="startup tests serve bench", then PARTS=profile. "serve" needs a
