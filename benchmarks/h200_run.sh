@@ -4,9 +4,10 @@
 # Needs the wheels of benchmarks/device_wheels.sh in .whl/ (and, for PARTS=serve, the model
 # folder it writes to .gpu-smoke/): carry both.
 # PARTS picks sections (default: all of "startup tests serve bench sync profile"; "lat" is
-# the batch-1 and batch-64 rows of "bench" alone, "sync" those rows without async scheduling); under the device tool's 10-minute limit run it
-# as two calls, e.g. PARTS="startup tests serve bench", then PARTS=profile. "serve" needs a
-# model folder with a tokenizer in SERVE_MODEL (see benchmarks/gpu_serve_check.py).
+# the batch-1 and batch-64 rows of "bench" alone, "sync" those rows without async
+# scheduling). Under the device tool's 10-minute limit run it as two calls, e.g.
+# PARTS="startup tests serve bench", then PARTS=profile. "serve" runs
+# benchmarks/gpu_serve_check.py on the model folder SERVE_MODEL (default .gpu-smoke/smollm2).
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
