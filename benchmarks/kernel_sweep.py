@@ -73,6 +73,18 @@ def sweep_attention(results: dict) -> None:
     tp.DECODE_SMALL, tp.DECODE_LARGE = defaults
 
 
+def _report(label: str, nbytes: int, cublas: float, rows: list, results: dict, key: str) -> None:
+    """Print cuBLAS against the best of the sorted (ms, config) rows, and keep them all."""
+    best = rows[0]
+    print(
+        f"{label}: cuBLAS {cublas * 1e3:6.1f} us ({nbytes / cublas / 1e6:5.0f} GB/s); "
+        f"best {best[0] * 1e3:6.1f} us ({nbytes / best[0] / 1e6:5.0f} GB/s) at {best[1]}; "
+        f"next {[(round(r[0] * 1e3, 1), r[1]) for r in rows[1:3]]}",
+        flush=True,
+    )
+    results[key] = {"cublas_us": cublas * 1e3, "rows": [(r[0] * 1e3, r[1]) for r in rows]}
+
+
 def sweep_gemv(results: dict) -> None:
     shapes = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
               "down": (4096, 14336), "lm_head": (128256, 4096)}  # fmt: skip
@@ -98,18 +110,7 @@ def sweep_gemv(results: dict) -> None:
             rows.append((ms, cfg))
             totals[cfg] = totals.get(cfg, 0.0) + ms * (32 if name != "lm_head" else 1)
         rows.sort()
-        nbytes = n * k * 2
-        best = rows[0]
-        print(
-            f"gemv {name:8s} [{n}x{k}]: cuBLAS {cublas * 1e3:6.1f} us "
-            f"({nbytes / cublas / 1e6:5.0f} GB/s); best {best[0] * 1e3:6.1f} us "
-            f"({nbytes / best[0] / 1e6:5.0f} GB/s) at {best[1]}",
-            flush=True,
-        )
-        results[f"gemv_{name}"] = {
-            "cublas_us": cublas * 1e3,
-            "rows": [(r[0] * 1e3, r[1]) for r in rows],
-        }
+        _report(f"gemv {name:8s} [{n}x{k}]", n * k * 2, cublas, rows, results, f"gemv_{name}")
     best_all = min(totals.items(), key=lambda kv: kv[1])
     print(f"gemv: best single config over a layer stack: {best_all[0]} "
           f"({best_all[1]:.3f} ms for 32 layers + lm_head)", flush=True)  # fmt: skip
@@ -150,20 +151,12 @@ def sweep_skinny(results: dict) -> None:
                 except Exception as e:  # out of shared memory etc.
                     print(f"  skinny m{m} {name} {cfg}: {type(e).__name__}", flush=True)
             rows.sort()
-            best = rows[0]
             per_layer["cublas"] += cublas * 32
-            per_layer["best"] += best[0] * 32
-            print(
-                f"skinny M={m:2d} {name:8s} [{n}x{k}]: cuBLAS {cublas * 1e3:6.1f} us "
-                f"({nbytes / cublas / 1e6:5.0f} GB/s); best {best[0] * 1e3:6.1f} us "
-                f"({nbytes / best[0] / 1e6:5.0f} GB/s) at {best[1]}; next "
-                f"{[(round(r[0] * 1e3, 1), r[1]) for r in rows[1:3]]}",
-                flush=True,
-            )
-            results[f"skinny_m{m}_{name}"] = {
-                "cublas_us": cublas * 1e3,
-                "rows": [(r[0] * 1e3, r[1]) for r in rows],
-            }
+            per_layer["best"] += rows[0][0] * 32
+            _report(
+                f"skinny M={m:2d} {name:8s} [{n}x{k}]", nbytes, cublas, rows, results,
+                f"skinny_m{m}_{name}",
+            )  # fmt: skip
         print(
             f"skinny M={m}: 32 layers, cuBLAS {per_layer['cublas']:.3f} ms, "
             f"best configs {per_layer['best']:.3f} ms",

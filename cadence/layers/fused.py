@@ -287,9 +287,9 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """x.argmax(dim=-1) for a 2-D tensor: the first index of each row's maximum (NaN
     counts as the largest), int64 [rows]."""
     rows, cols = x.shape
-    out = torch.empty(rows, dtype=torch.int64, device=x.device)
     if rows == 0 or cols == 0 or x.stride(1) != 1:
         return x.argmax(dim=-1)
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
     n_chunks = triton.cdiv(cols, _ARGMAX_CHUNK)
     vals = torch.empty((rows, n_chunks), dtype=torch.float32, device=x.device)
     idx = torch.empty((rows, n_chunks), dtype=torch.int32, device=x.device)
