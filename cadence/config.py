@@ -56,6 +56,7 @@ class StructuredOutputsConfig:
     jump_forward: bool = True  # append tokens a grammar forces without sampling them
     grammar_cache_size: int = 256  # compiled grammars kept (LRU)
     grammar_compile_threads: int = 2  # worker threads compiling grammars off the loop
+    grammar_compile_timeout: float = 30.0  # seconds one grammar may compile before its request gets a 400
 
 
 @dataclass
@@ -108,6 +109,8 @@ class EngineConfig:
         st = self.structured
         if st.grammar_cache_size < 1 or st.grammar_compile_threads < 1:
             raise ValueError("grammar_cache_size and grammar_compile_threads must be positive")
+        if not st.grammar_compile_timeout > 0:
+            raise ValueError("grammar_compile_timeout must be positive")
         if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
             raise ValueError(f"unknown load_format {self.model.load_format!r}")
 

@@ -175,6 +175,9 @@ class LLM:
                 changed, to_stop = self.output_processor.process(updates)
                 if to_stop:
                     self.engine.finish(to_stop)
+                failed = self.output_processor.take_failed()
+                if failed:  # its samples are stopped already; the others are aborted below
+                    raise RuntimeError(f"request {failed[0][0]}: {failed[0][1]}")
                 for state in changed:
                     if state.finished and state.request_id in pending:
                         results[state.request_id] = state.to_output()

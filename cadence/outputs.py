@@ -44,3 +44,6 @@ class RequestOutput:
     finished: bool = False
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # With SamplingParams.prompt_logprobs: per prompt token, {token id: logprob} for the
+    # prompt token and the top k at its position; None for the first token. None if off.
+    prompt_logprobs: list[dict[int, float] | None] | None = None

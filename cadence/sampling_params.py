@@ -89,6 +89,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's and top k
+    # None: off; k >= 0: each prompt token's own logprob and the top k at its position (the
+    # first prompt token has none). Such a request computes its whole prompt: no prefix hits.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # constrain the output
 
@@ -138,8 +141,12 @@ class SamplingParams:
             bad("min_tokens", "must be a non-negative integer")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad("min_tokens", f"must be at most max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            bad("logprobs", "must be in [0, 20]")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (
+                not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20
+            ):
+                bad(name, "must be an integer in [0, 20]")
         if self.seed is not None and not isinstance(self.seed, int):
             bad("seed", "must be an integer")
         for tid in self.stop_token_ids:

@@ -294,9 +294,11 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of a request: (blocks, number of tokens they hold).
 
-        The last token is always left to compute, since its logits are needed.
+        The last token is always left to compute, since its logits are needed. A request
+        that wants prompt logprobs needs the logits of every prompt position, so it takes
+        no hits (it still fills the cache for others).
         """
-        if not self.enable_caching:
+        if not self._may_hit(request):
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         if self.pool.tree is not None:
@@ -312,7 +314,7 @@ class KVCacheManager:
 
     def cached_prefix_len(self, request: Request) -> int:
         """Tokens of the request's prefix in the cache now, without touching anything."""
-        if not self.enable_caching:
+        if not self._may_hit(request):
             return 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         if self.pool.tree is not None:
@@ -326,6 +328,9 @@ class KVCacheManager:
                 break
             n += 1
         return n * self.block_size
+
+    def _may_hit(self, request: Request) -> bool:
+        return self.enable_caching and request.sampling_params.prompt_logprobs is None
 
     def allocate_slots(
         self,

@@ -93,6 +93,10 @@ class SampledTokens:
     logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
     forced: dict[str, list[int]] = field(default_factory=dict)
     grammar_done: set[str] = field(default_factory=set)
+    # request id -> one entry per prompt token (None for the first), with its first token
+    prompt_logprobs: dict[str, list[tuple[float, list[tuple[int, float]]] | None]] = field(
+        default_factory=dict
+    )
 
 
 class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -106,6 +110,10 @@ class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | None = None  # the stop token id that ended it
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     first_scheduled_time: float | None = None  # set on a request's first update
+    # Prompt logprobs (SamplingParams.prompt_logprobs), on the update that carries the first
+    # token, for the whole prompt: per prompt token (the prompt token's logprob, [(token id,
+    # logprob)] of the top k at its position); None for the first token, which has none.
+    new_prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -378,6 +386,7 @@ class Scheduler:
                     first_scheduled_time=req.first_scheduled_time
                     if req.num_output_tokens == len(new_tokens)
                     else None,
+                    new_prompt_logprobs=result.prompt_logprobs.get(rid),
                 )
             )
         return updates

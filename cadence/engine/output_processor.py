@@ -2,11 +2,17 @@
 
 One `RequestState` per user request; its `n` samples run in the core as separate sequences
 named `{request_id}#{i}`, which share the prompt's KV blocks through the prefix cache.
+Prompt logprobs are one per request: only sample 0 computes them.
+
+An update that raises (a tokenizer error on one request, say) fails its own request only:
+its samples end with finish_reason "error", their core ids come back as ids to stop, and
+`take_failed()` names the request and the error; the rest of the message is applied.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -14,6 +20,8 @@ from typing import Protocol
 from cadence.core.scheduler import RequestUpdate
 from cadence.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cadence.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 # Prompt tokens decoded ahead of the output, so a word-initial space survives the cut.
 _PREFIX_TOKENS = 5
@@ -33,6 +41,10 @@ def sample_params(params: SamplingParams) -> list[SamplingParams]:
         child.n = 1
         if params.seed is not None:
             child.seed = params.seed + i  # n samples, n different draws
+        if i > 0:
+            # The samples share one prompt: one computes its logprobs, the others may take
+            # its blocks from the prefix cache.
+            child.prompt_logprobs = None
         out.append(child)
     return out
 
@@ -80,10 +92,17 @@ class RequestState:
     samples: list[SampleState]
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    # With params.prompt_logprobs: one entry per prompt token, {token id: logprob} for the
+    # prompt token and the top k at its position; None for the first token. Empty until
+    # the first output token arrives (it brings them all); None when not asked for.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+    error: str | None = None  # why processing failed for it (see OutputProcessor.take_failed)
     stop_max_len: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.stop_max_len = max((len(s) for s in self.params.stop), default=0)
+        if self.prompt_logprobs is None and self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = []
 
     @property
     def finished(self) -> bool:
@@ -98,6 +117,7 @@ class RequestState:
             self.finished,
             self.metrics,
             self.num_cached_tokens,
+            self.prompt_logprobs,
         )
 
 
@@ -123,6 +143,7 @@ class OutputProcessor:
         self.streaming = streaming
         self.requests: dict[str, RequestState] = {}
         self._child: dict[str, tuple[RequestState, int]] = {}
+        self._failed: list[tuple[str, str]] = []
 
     def add_request(
         self,
@@ -157,66 +178,110 @@ class OutputProcessor:
 
     def process(self, updates: list[RequestUpdate]) -> tuple[list[RequestState], list[str]]:
         """Apply a step's updates. Returns (states that changed, sample ids to stop in the
-        core because a stop string ended them)."""
+        core because a stop string ended them or their request failed). An update that
+        raises fails its own request only (see `take_failed`)."""
         now = time.time()
         changed: dict[str, RequestState] = {}
         to_stop: list[str] = []
         for up in updates:
             entry = self._child.get(up.request_id)
-            if entry is None:
-                continue
-            state, index = entry
-            sample = state.samples[index]
-            out = sample.output
-            if out.finished:
-                continue
-            m = state.metrics
-            obs = self.observer
-            if m.first_token_time is None:
-                m.first_token_time = now
-                if obs is not None:
-                    queued = (
-                        None
-                        if up.first_scheduled_time is None
-                        else up.first_scheduled_time - m.arrival_time
-                    )
-                    obs.on_first_token(now - m.arrival_time, queued, len(state.prompt_token_ids))
-            elif obs is not None and m.last_token_time is not None:
-                obs.on_token(now - m.last_token_time)
-            m.last_token_time = now
-            if obs is not None:
-                obs.on_new_tokens(len(up.new_token_ids))
-            state.num_cached_tokens = max(state.num_cached_tokens, up.num_cached_tokens)
-            out.token_ids.extend(up.new_token_ids)
-            if up.new_logprobs is not None and out.logprobs is not None:
-                for tok, (lp, top) in zip(up.new_token_ids, up.new_logprobs):
-                    entry_lp = dict(top)
-                    entry_lp[tok] = lp
-                    out.logprobs.append(entry_lp)
-                    out.cumulative_logprob += lp
-            incremental = self.streaming or bool(state.params.stop)
-            if incremental:
-                out.text += sample.detok.push(up.new_token_ids)
-            if up.finished:
-                out.finish_reason = up.finish_reason
-                out.stop_reason = up.stop_reason
-                if not incremental and self.tokenizer is not None:
-                    out.text = self.tokenizer.decode(
-                        out.token_ids, skip_special_tokens=state.params.skip_special_tokens
-                    )
-            if state.params.stop and not out.finished:
-                hit = self._find_stop(state, out, len(up.new_token_ids))
-                if hit:
-                    to_stop.append(up.request_id)
-            changed[state.request_id] = state
-            if out.finished:
-                del self._child[up.request_id]
-                if state.finished:
-                    m.finished_time = now
-                    del self.requests[state.request_id]
-                    if obs is not None:
-                        obs.on_finished(now - m.arrival_time, out.finish_reason or "stop")
+            try:
+                self._apply(up, now, changed, to_stop)
+            except Exception as e:
+                logger.exception("failed to process the update of %s", up.request_id)
+                if entry is not None:
+                    state, index = entry
+                    state.samples[index].output.finish_reason = None  # it ends as failed
+                    to_stop.extend(self._fail(state, f"{type(e).__name__}: {e}", now))
+                    changed[state.request_id] = state
         return list(changed.values()), to_stop
+
+    def take_failed(self) -> list[tuple[str, str]]:
+        """(request id, error) of the requests whose update raised since the last call.
+        Their samples ended with finish_reason "error" and their core ids were returned by
+        `process` as ids to stop; the caller owes each one an error answer."""
+        failed, self._failed = self._failed, []
+        return failed
+
+    def _fail(self, state: RequestState, message: str, now: float) -> list[str]:
+        """End every unfinished sample of a request with an error; returns their core ids
+        to stop (stopping one the core has finished meanwhile is a no-op there)."""
+        state.error = message
+        ids = []
+        for i, s in enumerate(state.samples):
+            cid = child_id(state.request_id, i, state.params.n)
+            if self._child.pop(cid, None) is not None:
+                ids.append(cid)
+            if not s.output.finished:
+                s.output.finish_reason = "error"
+        self.requests.pop(state.request_id, None)
+        state.metrics.finished_time = now
+        self._failed.append((state.request_id, message))
+        return ids
+
+    def _apply(
+        self,
+        up: RequestUpdate,
+        now: float,
+        changed: dict[str, RequestState],
+        to_stop: list[str],
+    ) -> None:
+        entry = self._child.get(up.request_id)
+        if entry is None:
+            return
+        state, index = entry
+        sample = state.samples[index]
+        out = sample.output
+        if out.finished:
+            return
+        m = state.metrics
+        obs = self.observer
+        if m.first_token_time is None:
+            m.first_token_time = now
+            if obs is not None:
+                queued = (
+                    None
+                    if up.first_scheduled_time is None
+                    else up.first_scheduled_time - m.arrival_time
+                )
+                obs.on_first_token(now - m.arrival_time, queued, len(state.prompt_token_ids))
+        elif obs is not None and m.last_token_time is not None:
+            obs.on_token(now - m.last_token_time)
+        m.last_token_time = now
+        if obs is not None:
+            obs.on_new_tokens(len(up.new_token_ids))
+        state.num_cached_tokens = max(state.num_cached_tokens, up.num_cached_tokens)
+        if up.new_prompt_logprobs is not None and index == 0:
+            _extend_prompt_logprobs(state, up.new_prompt_logprobs)
+        out.token_ids.extend(up.new_token_ids)
+        if up.new_logprobs is not None and out.logprobs is not None:
+            for tok, (lp, top) in zip(up.new_token_ids, up.new_logprobs):
+                entry_lp = dict(top)
+                entry_lp[tok] = lp
+                out.logprobs.append(entry_lp)
+                out.cumulative_logprob += lp
+        incremental = self.streaming or bool(state.params.stop)
+        if incremental:
+            out.text += sample.detok.push(up.new_token_ids)
+        if up.finished:
+            out.finish_reason = up.finish_reason
+            out.stop_reason = up.stop_reason
+            if not incremental and self.tokenizer is not None:
+                out.text = self.tokenizer.decode(
+                    out.token_ids, skip_special_tokens=state.params.skip_special_tokens
+                )
+        if state.params.stop and not out.finished:
+            hit = self._find_stop(state, out, len(up.new_token_ids))
+            if hit:
+                to_stop.append(up.request_id)
+        changed[state.request_id] = state
+        if out.finished:
+            del self._child[up.request_id]
+            if state.finished:
+                m.finished_time = now
+                del self.requests[state.request_id]
+                if obs is not None:
+                    obs.on_finished(now - m.arrival_time, out.finish_reason or "stop")
 
     def _find_stop(self, state: RequestState, out: CompletionOutput, num_new_tokens: int) -> bool:
         """End the sample at the first stop string in its text, which may straddle tokens."""
@@ -265,3 +330,26 @@ class OutputProcessor:
         delta = text[s.emitted_len : limit]
         s.emitted_len = limit
         return delta
+
+
+def _extend_prompt_logprobs(
+    state: RequestState, entries: list[tuple[float, list[tuple[int, float]]] | None]
+) -> None:
+    """Append prompt-token entries from the wire as {token id: logprob} dicts (the top k
+    and the prompt token itself), continuing where the last ones ended."""
+    if state.prompt_logprobs is None:
+        return  # not asked for (an engine that sends them anyway is ignored)
+    plps = state.prompt_logprobs
+    if len(plps) + len(entries) > len(state.prompt_token_ids):
+        raise ValueError(
+            f"{len(plps) + len(entries)} prompt logprobs for a prompt of "
+            f"{len(state.prompt_token_ids)} tokens"
+        )
+    for entry in entries:
+        if entry is None:
+            plps.append(None)
+            continue
+        lp, top = entry
+        d = dict(top)
+        d[state.prompt_token_ids[len(plps)]] = lp
+        plps.append(d)

@@ -11,8 +11,9 @@ Schemas are first normalized (normalize_schema: older drafts' tuple and exclusiv
 spellings, required names without a property). JSON schemas are compiled in xgrammar's strict mode (no properties or items the schema does
 not name), falling back to non-strict when strict mode cannot satisfy the schema (say, an
 array with minItems and no items schema). Keywords xgrammar would silently ignore are
-refused instead (see UNSUPPORTED_KEYWORDS): a user who asked for uniqueItems should hear
-that it cannot be enforced, not receive an output that fails their validator.
+rewritten so that it enforces them, or refused (see schema_rules): a user who asked for
+uniqueItems should hear that it cannot be enforced, not receive an output that fails
+their validator.
 """
 
 from __future__ import annotations
@@ -22,25 +23,14 @@ import re
 from typing import Any
 
 from cadence.sampling_params import StructuredOutputsParams
-
-# Schema keywords whose constraint xgrammar does not enforce (it ignores them).
-UNSUPPORTED_KEYWORDS = {
-    "not": "negated schemas",
-    "if": "conditional schemas (if / then / else)",
-    "dependentRequired": "dependentRequired",
-    "dependentSchemas": "dependentSchemas",
-    "dependencies": "dependencies",
-    "unevaluatedProperties": "unevaluatedProperties",
-    "unevaluatedItems": "unevaluatedItems",
-    "minContains": "minContains",
-    "maxContains": "maxContains",
-    "$dynamicRef": "$dynamicRef",
-}
-
-# Where subschemas sit: keyword -> how its value holds them.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("additionalProperties", "items", "contains", "propertyNames", "then", "else")
+from cadence.structured.schema_refusals import overlapping_one_ofs, unenforced
+from cadence.structured.schema_rules import (
+    SCHEMA_LISTS,
+    SCHEMA_MAPS,
+    SCHEMA_VALUES,
+    inline_refs,
+    tighten,
+)
 
 _KIND_NAMES = {
     "json": "JSON schema",
@@ -62,33 +52,10 @@ def load_schema(schema: dict[str, Any] | str) -> Any:
     return schema
 
 
-def unsupported_features(schema: Any, path: str = "#") -> list[str]:
-    """'keyword at path' for every keyword in `schema` that cannot be enforced."""
-    found: list[str] = []
-    if not isinstance(schema, dict):
-        return found
-    for key, what in UNSUPPORTED_KEYWORDS.items():
-        if key in schema:
-            found.append(f"{what} ('{key}' at {path})")
-    multiple = schema.get("multipleOf")
-    if multiple is not None and not (schema.get("type") == "integer" and isinstance(multiple, int)):
-        # xgrammar enforces multipleOf on integer schemas with an integer divisor only.
-        found.append(f"multipleOf on non-integer numbers ('multipleOf' at {path})")
-    if schema.get("uniqueItems") is True:
-        found.append(f"uniqueItems ('uniqueItems' at {path})")
-    if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
-        found.append(f"allOf with more than one schema ('allOf' at {path})")
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                found += unsupported_features(sub, f"{path}/{key}/{name}")
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            for i, sub in enumerate(schema[key]):
-                found += unsupported_features(sub, f"{path}/{key}/{i}")
-    for key in _SCHEMA_VALUES:
-        found += unsupported_features(schema.get(key), f"{path}/{key}")
-    return found
+def unsupported_features(schema: Any) -> list[str]:
+    """'what (keyword at path)' for every constraint in `schema` (as the user wrote it)
+    that cannot be enforced, even after normalize_schema's rewrites."""
+    return unenforced(normalize_schema(inline_refs(schema))) + overlapping_one_ofs(schema)
 
 
 def normalize_schema(schema: Any) -> Any:
@@ -97,13 +64,21 @@ def normalize_schema(schema: Any) -> Any:
     - draft 4-7 tuples, `items: [a, b]` (+ `additionalItems`) -> `prefixItems` (+ `items`);
     - draft 4 boolean `exclusiveMinimum: true` (+ `minimum`) -> `exclusiveMinimum: <number>`;
     - a `required` name with no entry in `properties` gets `{}` (any value): xgrammar would
-      otherwise leave it out, and the output would fail the user's validator.
+      otherwise leave it out, and the output would fail the user's validator;
+    - then schema_rules.tighten: rewrites that make xgrammar enforce what it would ignore.
     """
-    if isinstance(schema, list):
-        return [normalize_schema(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: normalize_schema(v) for k, v in schema.items()}
+    out = dict(schema)  # only schema positions are rewritten: never enum values, names...
+    for key in (*SCHEMA_MAPS, "dependencies"):
+        if isinstance(out.get(key), dict):
+            out[key] = {name: normalize_schema(sub) for name, sub in out[key].items()}
+    for key in (*SCHEMA_LISTS, "items"):
+        if isinstance(out.get(key), list):
+            out[key] = [normalize_schema(sub) for sub in out[key]]
+    for key in (*SCHEMA_VALUES, "additionalItems"):
+        if isinstance(out.get(key), dict):
+            out[key] = normalize_schema(out[key])
     if isinstance(out.get("items"), list):
         out["prefixItems"] = out.pop("items")
         if "additionalItems" in out:
@@ -114,13 +89,15 @@ def normalize_schema(schema: Any) -> Any:
             del out[exclusive]
             if flag and bound in out:
                 out[exclusive] = out.pop(bound)
+    out = tighten(out)
     required = out.get("required")
     if isinstance(required, list) and ("properties" in out or out.get("type") == "object"):
-        props = out.setdefault("properties", {})
-        if isinstance(props, dict):
+        props = dict(out.get("properties", {}))
+        if isinstance(out.get("properties", {}), dict):
             for name in required:
                 if isinstance(name, str) and name not in props:
                     props[name] = {}
+            out["properties"] = props
     return out
 
 
@@ -137,6 +114,12 @@ def unsupported_patterns(schema: Any, path: str = "#") -> list[str]:
         if isinstance(schema.get("patternProperties"), dict):
             patterns += [(k, f"{path}/patternProperties") for k in schema["patternProperties"]]
         for pattern, where in patterns:
+            letter = _foreign_escape(pattern)
+            if letter is not None:
+                found.append(
+                    f"pattern {pattern!r} at {where}: the escape \\{letter} is not supported"
+                )
+                continue
             try:
                 xgr.Grammar.from_regex(pattern)
             except Exception as e:
@@ -149,6 +132,26 @@ def unsupported_patterns(schema: Any, path: str = "#") -> list[str]:
         for i, value in enumerate(schema):
             found += unsupported_patterns(value, f"{path}/{i}")
     return found
+
+
+# Letter escapes xgrammar reads as JSON schema's regex dialect (ECMA-262) does. It reads
+# any other letter escape as the letter itself (`[\\p{L}]` matches "p", "{", "L" and "}"),
+# with a warning, where the user's validator means a class or rejects the pattern.
+_KNOWN_ESCAPES = set("dDwWsSnrtfvxuc0123456789")
+
+
+def _foreign_escape(pattern: str) -> str | None:
+    """The first letter escape (outside `\\\\`) xgrammar would misread, if any."""
+    i = 0
+    while i < len(pattern) - 1:
+        if pattern[i] == "\\":
+            c = pattern[i + 1]
+            if c.isalpha() and c not in _KNOWN_ESCAPES:
+                return c
+            i += 2
+        else:
+            i += 1
+    return None
 
 
 def _clean(e: Exception) -> str:
@@ -177,15 +180,16 @@ def _schema_text(p: StructuredOutputsParams) -> str:
         raise ValueError(
             f"a JSON schema must be an object (or true / false), got {type(schema).__name__}"
         )
-    schema = normalize_schema(schema)
-    problems = unsupported_features(schema) + unsupported_patterns(schema)
+    normalized = normalize_schema(inline_refs(schema))
+    problems = unenforced(normalized) + overlapping_one_ofs(schema)
+    problems += unsupported_patterns(normalized)
     if problems:
         raise ValueError(
             "the JSON schema uses features structured outputs cannot enforce: "
             + "; ".join(problems[:5])
             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
         )
-    return json.dumps(schema)
+    return json.dumps(normalized)
 
 
 def to_grammar(p: StructuredOutputsParams):

@@ -13,6 +13,12 @@ Per request, in the engine core:
 Compiled grammars are cached by cache_key (LRU, `cache_size` entries): the same schema
 compiles once. The vocabulary (xgrammar's TokenizerInfo) is built on first use, on the
 worker thread, so servers that never see a constrained request never pay for it.
+
+Each compile is bounded by `compile_timeout` seconds (--grammar-compile-timeout), counted
+from when a worker starts it: past that, every request waiting on it fails with an error
+naming the bound (the API answers 400), its thread is abandoned (see compile_pool), and the
+grammar is remembered as too slow, so sending it again fails at once instead of tying up
+another thread.
 """
 
 from __future__ import annotations
@@ -21,12 +27,13 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 import torch
 
 from cadence.sampling_params import StructuredOutputsParams
+from cadence.structured.compile_pool import CompileJob, CompilePool, CompilerBusy
 from cadence.structured.grammar import cache_key, compile_grammar
 
 logger = logging.getLogger(__name__)
@@ -38,6 +45,7 @@ class GrammarStats:
     compiles: int = 0  # grammars compiled (cache misses)
     cache_hits: int = 0
     compile_seconds: float = 0.0  # total, on worker threads
+    timeouts: int = 0  # compiles abandoned past compile_timeout
     jump_forward_tokens: int = 0  # tokens appended without sampling
 
 
@@ -49,17 +57,24 @@ class GrammarManager:
         stop_token_ids: tuple[int, ...],
         cache_size: int = 256,
         threads: int = 2,
+        compile_timeout: float = 30.0,
+        max_abandoned: int = 4,
     ) -> None:
+        """`compile_timeout`: seconds one compile may run. `max_abandoned`: compiles past
+        it whose threads may still run (each burns a core) before the pool shrinks."""
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         self.cache_size = cache_size
+        self.compile_timeout = compile_timeout
         self.stats = GrammarStats()
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="cadence-grammar")
         self._compiler = None
         self._compiler_lock = threading.Lock()
+        self._pool = CompilePool(threads, compile_timeout, max_abandoned, setup=self._get_compiler)
         self._cache: OrderedDict[str, object] = OrderedDict()  # key -> CompiledGrammar
-        self._inflight: dict[str, Future] = {}  # key -> compile in progress
+        self._inflight: dict[str, CompileJob] = {}  # key -> compile in progress
+        # Keys whose compile ran past the timeout (LRU, `cache_size` entries): refused at once.
+        self._too_slow: OrderedDict[str, None] = OrderedDict()
         # request id -> (key, params) of the grammar it waits for
         self._waiting: dict[str, tuple[str, StructuredOutputsParams]] = {}
         self.matchers: dict[str, object] = {}  # request id -> GrammarMatcher
@@ -91,6 +106,17 @@ class GrammarManager:
         compiled = compile_grammar(self._get_compiler(), params)
         return compiled, time.perf_counter() - t0
 
+    def _start(self, key: str, params: StructuredOutputsParams) -> None:
+        self._inflight[key] = self._pool.submit(key, lambda: self._compile(params))
+
+    def _timeout_message(self, again: bool) -> str:
+        when = "an earlier compile of this grammar" if again else "the grammar"
+        return (
+            f"{when} did not compile within {self.compile_timeout:g} s, the limit set by "
+            "--grammar-compile-timeout; simplify the schema (deeply nested anyOf and large "
+            "bounded repetitions compile slowly) or raise the limit"
+        )
+
     def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
         """Start compiling (or find the cached grammar); never blocks."""
         key = cache_key(params)
@@ -101,8 +127,8 @@ class GrammarManager:
             self._cache.move_to_end(key)
         elif key in self._inflight:
             self.stats.cache_hits += 1
-        else:
-            self._inflight[key] = self._pool.submit(self._compile, params)
+        elif key not in self._too_slow:  # a too-slow key fails in poll()
+            self._start(key, params)
 
     @property
     def num_waiting(self) -> int:
@@ -112,22 +138,38 @@ class GrammarManager:
         """(request ids now ready, [(request id, error)]) among those submitted.
 
         With a timeout and nothing ready, waits up to that long for a compile to finish
-        (the loop has nothing else to do)."""
+        (the loop has nothing else to do), but not past the earliest compile deadline."""
         if (
             timeout > 0
             and self._inflight
             and all(k in self._inflight for k, _ in self._waiting.values())
         ):
-            wait(list(self._inflight.values()), timeout, return_when=FIRST_COMPLETED)
+            deadline = self._pool.next_deadline()
+            if deadline is not None:
+                timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+            futures = [job.future for job in self._inflight.values()]
+            wait(futures, timeout, return_when=FIRST_COMPLETED)
         errors: dict[str, str] = {}
-        for key, fut in list(self._inflight.items()):
-            if not fut.done():
+        for job in self._pool.expired():
+            if self._inflight.get(job.key) is job:
+                del self._inflight[job.key]
+                errors[job.key] = self._timeout_message(again=False)
+                self._mark_too_slow(job.key)
+                logger.warning(
+                    "grammar compile abandoned after %g s (%d threads still running "
+                    "abandoned compiles)",
+                    self.compile_timeout,
+                    self._pool.num_abandoned,
+                )
+        for key, job in list(self._inflight.items()):
+            if not job.future.done():
                 continue
             del self._inflight[key]
             try:
-                compiled, seconds = fut.result()
+                compiled, seconds = job.future.result()
             except Exception as e:  # ValueError from a bad grammar, or a tokenizer problem
-                errors[key] = str(e) if isinstance(e, ValueError) else f"grammar failed: {e}"
+                known = isinstance(e, ValueError | CompilerBusy)
+                errors[key] = str(e) if known else f"grammar failed: {e}"
                 logger.warning("grammar compile failed: %s", errors[key])
                 continue
             self.stats.compiles += 1
@@ -146,9 +188,19 @@ class GrammarManager:
                 self.matchers[rid] = xgr.GrammarMatcher(self._cache[key])
                 ready.append(rid)
                 del self._waiting[rid]
+            elif key in self._too_slow:
+                failed.append((rid, self._timeout_message(again=True)))
+                del self._waiting[rid]
             elif key not in self._inflight:  # evicted from the cache before it was used
-                self._inflight[key] = self._pool.submit(self._compile, params)
+                self._start(key, params)
         return ready, failed
+
+    def _mark_too_slow(self, key: str) -> None:
+        self.stats.timeouts += 1
+        self._too_slow[key] = None
+        self._too_slow.move_to_end(key)
+        while len(self._too_slow) > self.cache_size:
+            self._too_slow.popitem(last=False)
 
     # ---- each step --------------------------------------------------------------------
 
@@ -205,5 +257,13 @@ class GrammarManager:
     def is_waiting(self, request_id: str) -> bool:
         return request_id in self._waiting
 
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def shutdown(self) -> int:
+        """Stop the compile threads that are idle. Returns how many are still inside a
+        compile: if any, the process should leave with os._exit (see CompilePool.num_busy)."""
+        self._pool.shutdown()
+        return self._pool.num_busy
+
+    @property
+    def num_abandoned(self) -> int:
+        """Compile threads still running a compile given up on (past compile_timeout)."""
+        return self._pool.num_abandoned

@@ -3,14 +3,14 @@
 It receives the scheduler's deltas (new requests in full, cached ones as new block ids and
 computed counts), keeps its own copy of every running request's tokens and blocks, builds
 one flat batch of tokens per step, runs the forward pass, and samples a token for each
-request whose scheduled tokens reach the end of what it knows.
+request whose scheduled tokens reach the end of what it knows. Requests that want prompt
+logprobs also get the log-softmax at their prompt positions (`prompt_logprobs.py`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,12 +20,17 @@ from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
-from cadence.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from cadence.layers.sampler import Sampler, SamplerOutput
 from cadence.loader.hf_config import generation_eos_ids
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
 from cadence.sampling_params import SamplingParams
+from cadence.worker import prompt_logprobs
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
+from cadence.worker.memory_profile import profile_cuda_memory
+from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
+from cadence.worker.sampling_inputs import build_sampling_batch
+from cadence.worker.transfer import to_device, to_device_aligned, to_host_async
 
 logger = logging.getLogger(__name__)
 
@@ -41,14 +46,7 @@ class _RequestState:
     row: int  # its row in BlockTables
     num_computed_tokens: int
     num_pending: int = 0  # sampled by a step whose ids have not been read back yet
-
-
-def _to_host_async(t: torch.Tensor | None) -> torch.Tensor | None:
-    if t is None:
-        return None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    return host
+    prompt_lp: PromptLogprobsState | None = None  # wants prompt logprobs
 
 
 @dataclass
@@ -78,32 +76,6 @@ def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
         if int(tid) not in ids:
             ids.append(int(tid))
     return tuple(ids)
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device` without waiting for the work already queued there: on
-    CUDA through pinned memory and a non-blocking copy (a copy from pageable memory may
-    synchronise with the stream, which would undo async scheduling). PyTorch's pinned
-    allocator keeps the block until the copy has run."""
-    if device.type != "cuda":
-        return t
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-def to_device_aligned(segments: list[np.ndarray], device: torch.device) -> list[torch.Tensor]:
-    """int64 arrays on `device` in one copy, as views of one buffer in which each starts on
-    a 16-byte boundary (2 int64s). Triton compiles a kernel once per pointer alignment it
-    sees (16 bytes or not): unaligned views of one packed buffer would compile new variants
-    in the middle of serving, at the whim of the token count."""
-    offsets, at = [], 0
-    for a in segments:
-        offsets.append(at)
-        at += -(-len(a) // 2) * 2
-    host = np.zeros(at, dtype=np.int64)
-    for o, a in zip(offsets, segments):
-        host[o : o + len(a)] = a
-    packed = to_device(torch.from_numpy(host), device)
-    return [packed[o : o + len(a)] for o, a in zip(offsets, segments)]
 
 
 def pick_device(name: str) -> torch.device:
@@ -146,7 +118,7 @@ class ModelRunner:
         self._last_tokens: torch.Tensor | None = None  # the last sampled ids, on the device
         self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
         self.num_blocks = self._num_kv_blocks()
-        self._allocate_kv_cache()
+        self.allocate_kv_cache()
         # One spare column: a table row must never be the thing that rejects a request.
         self.max_blocks_per_seq = -(-self.max_model_len // self.block_size) + 1
         self.tables = BlockTables(
@@ -210,7 +182,7 @@ class ModelRunner:
             return cc.num_gpu_blocks_override
         per_block = self._kv_bytes_per_block()
         if self.device.type == "cuda":
-            budget = self._profile_cuda_memory()
+            budget = profile_cuda_memory(self)
         else:
             budget = cc.kv_cache_memory or DEFAULT_CPU_KV_BYTES
         n = int(budget // per_block)
@@ -220,107 +192,7 @@ class ModelRunner:
             )
         return n
 
-    @torch.inference_mode()
-    def _profile_cuda_memory(self) -> int:
-        """Bytes the KV pool may take: total x gpu_memory_utilization, minus what is in use
-        (weights, CUDA context, other processes) and the peak of a profiling step.
-
-        The profiling step is the largest one the scheduler can make: max_num_batched_tokens
-        prompt tokens (in as many requests as max_model_len needs), then logits and a
-        top-p sample with logprobs for max_num_seqs rows, over a temporary KV cache."""
-        dev = self.device
-        sc = self.config.scheduler
-        torch.cuda.synchronize(dev)
-        torch.cuda.empty_cache()
-        free_before, total = torch.cuda.mem_get_info(dev)
-        used_before = total - free_before
-        allocated_before = torch.cuda.memory_allocated(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-
-        num_tokens = sc.max_num_batched_tokens
-        lens = [
-            min(self.max_model_len, num_tokens - i)
-            for i in range(0, num_tokens, self.max_model_len)
-        ]
-        bs = self.block_size
-        tables = []
-        next_block = 1  # block 0 stays the zero block
-        for n in lens:
-            count = -(-n // bs)
-            tables.append(list(range(next_block, next_block + count)))
-            next_block += count
-        self.num_blocks = next_block
-        self._allocate_kv_cache(log=False)
-        t0 = time.perf_counter()
-        width = max(len(t) for t in tables)
-        table_t = torch.zeros((len(tables), width), dtype=torch.int64)
-        for i, t in enumerate(tables):
-            table_t[i, : len(t)] = torch.tensor(t)
-        positions = torch.cat([torch.arange(n) for n in lens])
-        slots = torch.cat(
-            [
-                torch.tensor(t)[torch.arange(n) // bs] * bs + torch.arange(n) % bs
-                for t, n in zip(tables, lens)
-            ]
-        )
-        qsl = torch.tensor([0, *lens]).cumsum(0)
-        meta = AttentionMetadata(
-            num_tokens=num_tokens,
-            query_start_loc=qsl.to(dev),
-            seq_lens=torch.tensor(lens).to(dev),
-            slot_mapping=slots.to(dev),
-            block_tables=table_t.to(dev),
-            query_lens_cpu=list(lens),
-            seq_lens_cpu=list(lens),
-            block_size=bs,
-        )
-        meta = self.backend.build(meta)
-        ids = torch.randint(0, self.vocab_size, (num_tokens,), device=dev)
-        hidden = self.model(ids, positions.to(dev), meta)
-        rows = min(sc.max_num_seqs, num_tokens)
-        logits = self.model.compute_logits(hidden[:rows])
-        batch = SamplingBatch(
-            temperature=torch.ones(rows, device=dev),
-            top_k=None,
-            top_p=torch.full((rows,), 0.9, device=dev),
-            min_p=None,
-            all_greedy=False,
-            generators={},
-            max_logprobs=20,
-        )
-        self.sampler(logits, batch)
-        torch.cuda.synchronize(dev)
-        peak = torch.cuda.max_memory_allocated(dev) - allocated_before
-        kv_temp = sum(c.numel() * c.element_size() for c in self.kv_caches)
-        activations = peak - kv_temp
-        del hidden, logits, meta
-        for layer in self.model.attention_layers():
-            layer.kv_cache = None
-        self.kv_caches = []
-        torch.cuda.empty_cache()
-        # CUDA graphs of decode steps take a small pool of their own (<= max_num_seqs
-        # tokens of activations); keep room for it and for allocator fragmentation.
-        reserve = 512 * 2**20
-        budget = int(
-            total * self.config.cache.gpu_memory_utilization - used_before - activations - reserve
-        )
-        logger.info(
-            "memory profile (%.1f s): %.2f GiB total, %.2f GiB in use before the KV pool "
-            "(weights and CUDA context), %.2f GiB peak activations of a %d-token step, "
-            "%.2f GiB reserved for CUDA graphs -> %.2f GiB for KV blocks "
-            "(gpu_memory_utilization %.2f)",
-            time.perf_counter() - t0,
-            total / 2**30,
-            used_before / 2**30,
-            activations / 2**30,
-            num_tokens,
-            reserve / 2**30,
-            budget / 2**30,
-            self.config.cache.gpu_memory_utilization,
-        )
-        return budget
-
-    def _allocate_kv_cache(self, log: bool = True) -> None:
+    def allocate_kv_cache(self, log: bool = True) -> None:
         attn = self.model.attention_layers()[0]
         shape = (2, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
         self.kv_caches = []
@@ -360,6 +232,9 @@ class ModelRunner:
                 gen,
                 self.tables.add(new.block_ids),
                 new.num_computed_tokens,
+                prompt_lp=None
+                if params.prompt_logprobs is None
+                else PromptLogprobsState(params.prompt_logprobs),
             )
         for cached in sched.cached_requests:
             st = self.requests[cached.request_id]
@@ -390,11 +265,16 @@ class ModelRunner:
         sample_rows: list[int] = []  # index of each sampling request's last query token
         fill_rows: list[int] = []  # query tokens whose id is still on the device ...
         fill_from: list[int] = []  # ... at this row of the last sampled tokens
+        prompt_rows = PromptRows()  # positions whose prompt logprobs are wanted
         for rid, n in sched.num_scheduled_tokens.items():
             st = self.requests[rid]
             start = st.num_computed_tokens
             end = start + n
             known = len(st.token_ids)
+            if st.prompt_lp is not None:
+                st.prompt_lp.plan(
+                    st.token_ids, st.num_prompt_tokens, start, end, len(input_ids), prompt_rows
+                )
             input_ids.extend(st.token_ids[start:end])
             if end > known:  # async scheduling: the token sampled last step, not read yet
                 assert end == known + 1 == known + st.num_pending, (rid, end, known)
@@ -456,6 +336,9 @@ class ModelRunner:
             )
             meta = self.backend.build(meta)
             hidden = self.model(ids_d, pos_d, meta)
+        if prompt_rows.rows:
+            max_rows = min(self.config.scheduler.max_num_seqs, 128)
+            prompt_logprobs.compute(self.model, hidden, prompt_rows, max_rows)
         if not sample_ids:
             return ModelOutput([], None)
         if len(sample_rows) == num_tokens:  # every token samples (decodes): no gather
@@ -483,7 +366,9 @@ class ModelRunner:
         rids, logits = model_out.sample_ids, model_out.logits
         if not rids:
             return None
-        batch = self._sampling_batch(rids)
+        batch = build_sampling_batch(
+            [self.requests[r] for r in rids], self.device, self.vocab_size, self.eos_token_ids
+        )
         if grammar_bitmask is not None:
             # (pin_memory copies it, so the manager may refill its buffer next step)
             batch.allowed_bitmask = to_device(grammar_bitmask, self.device)
@@ -499,7 +384,7 @@ class ModelRunner:
             # event says when it has landed (before the next step's forward finishes).
             host = SamplerOutput(
                 *(
-                    _to_host_async(t)
+                    to_host_async(t)
                     for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)
                 )
             )
@@ -531,91 +416,7 @@ class ModelRunner:
             if k is not None and lps is not None:
                 top = list(zip(top_ids[i][:k], top_lps[i][:k])) if k > 0 else []
                 result.logprobs[rid] = (lps[i], top)
+            if st.prompt_lp is not None and not st.prompt_lp.sent:
+                # Its first token: every prompt position has been computed by now.
+                result.prompt_logprobs[rid] = st.prompt_lp.take()
         return result
-
-    def _sampling_batch(self, rids: list[str]) -> SamplingBatch:
-        states = [self.requests[r] for r in rids]
-        params = [s.params for s in states]
-        dev, vocab = self.device, self.vocab_size
-        temps = [0.0 if p.greedy else p.temperature for p in params]
-        all_greedy = all(t == 0.0 for t in temps)
-        batch = SamplingBatch(
-            temperature=None,
-            top_k=None,
-            top_p=None,
-            min_p=None,
-            all_greedy=all_greedy,
-            generators={
-                i: s.generator
-                for i, s in enumerate(states)
-                if s.generator is not None and not s.params.greedy
-            },
-        )
-        if not all_greedy:
-            # Every per-row parameter in one [4, rows] copy (top-k as a float: exact
-            # for any vocabulary below 2^24).
-            rows = torch.tensor(
-                [
-                    temps,
-                    [p.top_k if 0 < p.top_k < vocab else vocab for p in params],
-                    [p.top_p for p in params],
-                    [p.min_p for p in params],
-                ],
-                dtype=torch.float32,
-            )
-            temperature, top_k, top_p, min_p = to_device(rows, dev)
-            batch.temperature = temperature
-            if any(0 < p.top_k < vocab for p in params):
-                batch.top_k = top_k.long()
-            if any(p.top_p < 1.0 for p in params):
-                batch.top_p = top_p
-            if any(p.min_p > 0.0 for p in params):
-                batch.min_p = min_p
-        # Logit bias, the min_tokens ban and the penalties' token counts are [rows, vocab]
-        # tensors built on the device from sparse (row * vocab + token) indices: only the
-        # ids cross to the device, never a dense [rows, 128k] host tensor.
-        n = len(states)
-        bias_idx: list[int] = []
-        bias_val: list[float] = []
-        ban_idx: list[int] = []
-        for i, (s, p) in enumerate(zip(states, params)):
-            for tid, b in (p.logit_bias or {}).items():
-                bias_idx.append(i * vocab + int(tid))
-                bias_val.append(float(b))
-            if len(s.token_ids) - s.num_prompt_tokens < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids))
-                ban_idx.extend(i * vocab + t for t in banned)
-        if bias_idx or ban_idx:
-            bias = torch.zeros(n * vocab, dtype=torch.float32, device=dev)
-            if bias_idx:
-                values = to_device(torch.tensor(bias_val, dtype=torch.float32), dev)
-                bias.index_add_(0, to_device(torch.tensor(bias_idx), dev), values)
-            if ban_idx:  # after the bias: a ban wins over any bias
-                bias.index_fill_(0, to_device(torch.tensor(ban_idx), dev), float("-inf"))
-            batch.bias = bias.view(n, vocab)
-        penalized = [i for i, p in enumerate(params) if p.needs_penalties]
-        if penalized:
-            out_idx, seen_idx = [], []
-            for i in penalized:
-                s = states[i]
-                ids = np.asarray(s.token_ids, dtype=np.int64) + i * vocab
-                out_idx.append(ids[s.num_prompt_tokens :])
-                seen_idx.append(ids)  # the repetition penalty counts the prompt too
-            segments = [np.concatenate(out_idx), np.concatenate(seen_idx)]
-            out_d, seen_d = to_device_aligned(segments, dev)
-            counts = torch.zeros(n * vocab, dtype=torch.float32, device=dev)
-            counts.index_add_(0, out_d, torch.ones(len(out_d), dtype=torch.float32, device=dev))
-            seen = torch.zeros(n * vocab, dtype=torch.bool, device=dev)
-            seen[seen_d] = True
-            factors = torch.tensor(
-                [[p.presence_penalty, p.frequency_penalty, p.repetition_penalty] for p in params],
-                dtype=torch.float32,
-            )
-            batch.presence, batch.frequency, batch.repetition = to_device(
-                factors.T.contiguous(), dev
-            )
-            batch.output_counts = counts.view(n, vocab)
-            batch.seen_mask = seen.view(n, vocab)
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
-        batch.max_logprobs = max(wanted) if wanted else None
-        return batch

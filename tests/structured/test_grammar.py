@@ -68,8 +68,11 @@ def test_keywords_that_cannot_be_enforced_are_refused_with_their_path():
     with pytest.raises(ValueError, match="multipleOf on non-integer"):
         to_grammar(S(json={"type": "number", "multipleOf": 0.5}))
     to_grammar(S(json={"type": "integer", "multipleOf": 5}))  # this one is enforced
+    a_string, a_short = {"a": {"type": "string"}}, {"a": {"maxLength": 2}}
+    clash = {"allOf": [{"properties": a_string}, {"properties": a_short}]}
     with pytest.raises(ValueError, match="allOf with more than one"):
-        to_grammar(S(json={"allOf": [{"type": "object"}, {"required": ["a"]}]}))
+        to_grammar(S(json=clash))
+    to_grammar(S(json={"allOf": [{"type": "object"}, {"required": ["a"]}]}))  # merged
 
 
 def test_strict_mode_falls_back_when_it_cannot_satisfy_the_schema():

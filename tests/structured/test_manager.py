@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from slow_grammars import HOSTNAME_LIKE, NESTED_ANYOF
 
 from cadence.loader.loader import resolve_model_path
 from cadence.sampling_params import StructuredOutputsParams as S
@@ -71,4 +72,48 @@ def test_a_grammar_evicted_before_use_is_compiled_again(tokenizer_path):
     manager._cache.clear()
     wait_ready(manager, {"second"})
     assert manager.stats.compiles == 2
+    manager.shutdown()
+
+
+def wait_failed(manager: GrammarManager, rids: set[str], seconds: float) -> dict[str, str]:
+    deadline = time.monotonic() + seconds
+    errors: dict[str, str] = {}
+    while rids - set(errors):
+        ready, failed = manager.poll(timeout=0.01)
+        assert not ready, ready
+        errors.update(failed)
+        assert time.monotonic() < deadline, "the slow compile was never cut off"
+    return errors
+
+
+@pytest.mark.parametrize("slow", [HOSTNAME_LIKE, NESTED_ANYOF], ids=["hostname", "nested-anyOf"])
+def test_a_compile_past_the_timeout_fails_its_requests_and_others_still_compile(
+    tokenizer_path, slow
+):
+    manager = GrammarManager(tokenizer_path, VOCAB, (2,), threads=1, compile_timeout=0.25)
+    manager.submit("warm", S(regex="[a-z]+"))  # builds the vocabulary (not counted)
+    wait_ready(manager, {"warm"})
+    t0 = time.monotonic()
+    manager.submit("slow-1", S(json=slow))
+    manager.submit("slow-2", S(json=slow))  # same grammar: waits on the same compile
+    errors = wait_failed(manager, {"slow-1", "slow-2"}, seconds=30)
+    assert time.monotonic() - t0 < 0.25 + 0.5  # cut off at the bound, not at the compile's end
+    for message in errors.values():
+        assert "did not compile within 0.25 s" in message
+        assert "--grammar-compile-timeout" in message
+    assert manager.stats.timeouts == 1
+    # The only worker thread is still stuck in that compile; its replacement takes the next.
+    manager.submit("next", S(json=PERSON))
+    wait_ready(manager, {"next"})
+    # The same slow grammar again fails at once, without tying up another thread.
+    manager.submit("again", S(json=slow))
+    assert manager.poll() == ([], [("again", manager._timeout_message(again=True))])
+    assert "earlier compile" in manager._timeout_message(again=True)
+    assert manager.num_abandoned == 1
+    # Let the abandoned compile return before the test ends: a thread still inside
+    # xgrammar when the interpreter exits would abort pytest (see CompilePool.num_busy).
+    deadline = time.monotonic() + 60
+    while manager.num_abandoned:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     manager.shutdown()

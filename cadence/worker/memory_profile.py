@@ -1,0 +1,120 @@
+"""How much GPU memory the KV pool may take, measured by running the largest step."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from cadence.attention.base import AttentionMetadata
+from cadence.layers.sampler import SamplingBatch
+
+if TYPE_CHECKING:
+    from cadence.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@torch.inference_mode()
+def profile_cuda_memory(runner: ModelRunner) -> int:
+    """Bytes the KV pool may take: total x gpu_memory_utilization, minus what is in use
+    (weights, CUDA context, other processes) and the peak of a profiling step.
+
+    The profiling step is the largest one the scheduler can make: max_num_batched_tokens
+    prompt tokens (in as many requests as max_model_len needs), then logits and a
+    top-p sample with logprobs for max_num_seqs rows, over a temporary KV cache. Prompt
+    logprobs (`prompt_logprobs.compute`) take at most as many rows at a time, and less
+    memory per row than that sample, so the measured peak covers them too."""
+    dev = runner.device
+    sc = runner.config.scheduler
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
+    free_before, total = torch.cuda.mem_get_info(dev)
+    used_before = total - free_before
+    allocated_before = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+
+    num_tokens = sc.max_num_batched_tokens
+    lens = [
+        min(runner.max_model_len, num_tokens - i)
+        for i in range(0, num_tokens, runner.max_model_len)
+    ]
+    bs = runner.block_size
+    tables = []
+    next_block = 1  # block 0 stays the zero block
+    for n in lens:
+        count = -(-n // bs)
+        tables.append(list(range(next_block, next_block + count)))
+        next_block += count
+    runner.num_blocks = next_block
+    runner.allocate_kv_cache(log=False)
+    t0 = time.perf_counter()
+    width = max(len(t) for t in tables)
+    table_t = torch.zeros((len(tables), width), dtype=torch.int64)
+    for i, t in enumerate(tables):
+        table_t[i, : len(t)] = torch.tensor(t)
+    positions = torch.cat([torch.arange(n) for n in lens])
+    slots = torch.cat(
+        [
+            torch.tensor(t)[torch.arange(n) // bs] * bs + torch.arange(n) % bs
+            for t, n in zip(tables, lens)
+        ]
+    )
+    qsl = torch.tensor([0, *lens]).cumsum(0)
+    meta = AttentionMetadata(
+        num_tokens=num_tokens,
+        query_start_loc=qsl.to(dev),
+        seq_lens=torch.tensor(lens).to(dev),
+        slot_mapping=slots.to(dev),
+        block_tables=table_t.to(dev),
+        query_lens_cpu=list(lens),
+        seq_lens_cpu=list(lens),
+        block_size=bs,
+    )
+    meta = runner.backend.build(meta)
+    ids = torch.randint(0, runner.vocab_size, (num_tokens,), device=dev)
+    hidden = runner.model(ids, positions.to(dev), meta)
+    rows = min(sc.max_num_seqs, num_tokens)
+    logits = runner.model.compute_logits(hidden[:rows])
+    batch = SamplingBatch(
+        temperature=torch.ones(rows, device=dev),
+        top_k=None,
+        top_p=torch.full((rows,), 0.9, device=dev),
+        min_p=None,
+        all_greedy=False,
+        generators={},
+        max_logprobs=20,
+    )
+    runner.sampler(logits, batch)
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev) - allocated_before
+    kv_temp = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    activations = peak - kv_temp
+    del hidden, logits, meta
+    for layer in runner.model.attention_layers():
+        layer.kv_cache = None
+    runner.kv_caches = []
+    torch.cuda.empty_cache()
+    # CUDA graphs of decode steps take a small pool of their own (<= max_num_seqs
+    # tokens of activations); keep room for it and for allocator fragmentation.
+    reserve = 512 * 2**20
+    budget = int(
+        total * runner.config.cache.gpu_memory_utilization - used_before - activations - reserve
+    )
+    logger.info(
+        "memory profile (%.1f s): %.2f GiB total, %.2f GiB in use before the KV pool "
+        "(weights and CUDA context), %.2f GiB peak activations of a %d-token step, "
+        "%.2f GiB reserved for CUDA graphs -> %.2f GiB for KV blocks "
+        "(gpu_memory_utilization %.2f)",
+        time.perf_counter() - t0,
+        total / 2**30,
+        used_before / 2**30,
+        activations / 2**30,
+        num_tokens,
+        reserve / 2**30,
+        budget / 2**30,
+        runner.config.cache.gpu_memory_utilization,
+    )
+    return budget
