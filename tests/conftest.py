@@ -1,14 +1,17 @@
 """Shared fixtures: tiny random models of each supported architecture, built once per test
-session with transformers itself and saved as ordinary checkpoint folders."""
+session with transformers itself and saved as ordinary checkpoint folders; one real
+`cadence serve` of SmolLM2 shared by the server tests (tests/entrypoints, tests/robustness)."""
 
 from __future__ import annotations
 
 import os
 import zlib
 
+import httpx
 import pytest
 import torch
 from model_helpers import build_tiny
+from server_helper import API_KEY, Server
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -45,3 +48,49 @@ def hf_model():
         return cache[path]
 
     return load
+
+
+@pytest.fixture(scope="session")
+def server():
+    """SmolLM2 in float32, with an API key, 8 sequences at once and 8 more queued."""
+    srv = Server(
+        [
+            "--dtype",
+            "float32",
+            "--api-key",
+            API_KEY,
+            "--max-num-seqs",
+            "8",
+            "--max-num-waiting",
+            "8",
+            "--kv-cache-memory",
+            str(512 * 2**20),
+            "--max-model-len",
+            "2048",
+        ]
+    )
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def http(server):
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def model_name(http):
+    return http.get("/v1/models").json()["data"][0]["id"]

@@ -68,3 +68,16 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def metric(http, name: str) -> float:
+    """The sum of a Prometheus metric over its label sets, from /metrics."""
+    text = http.get("/metrics").text
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, name
+    return total

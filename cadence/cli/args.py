@@ -220,6 +220,11 @@ def positive_float(text: str) -> float:
     return _number(text, float, lambda v: v > 0, "positive")
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse `type`: a number >= 0."""
+    return _number(text, float, lambda v: v >= 0, "non-negative")
+
+
 def _number(text: str, kind: type, ok, what: str):
     try:
         value = kind(text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from cadence.cli.args import check_engine_args
+from cadence.cli.args import check_engine_args, non_negative_float, positive_float
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -24,13 +24,19 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--api-key",
         default=None,
-        help="require 'Authorization: Bearer KEY' on /v1/* (or set CADENCE_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+        "(or set CADENCE_API_KEY)",
+    )
+    s.add_argument(
+        "--metrics-public",
+        action="store_true",
+        help="serve /metrics without the API key (for a Prometheus scraper)",
     )
     s.add_argument(
         "--max-num-waiting",
         type=int,
         default=256,
-        help="requests queued beyond --max-num-seqs before 429s (default: 256)",
+        help="sequences (prompts x n) queued beyond --max-num-seqs before 429s (default: 256)",
     )
     s.add_argument(
         "--max-queued-prompt-tokens",
@@ -38,13 +44,26 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="prompt tokens queued before 429s (default: 64 x max_model_len)",
     )
+    s.add_argument(
+        "--engine-stall-timeout",
+        type=positive_float,
+        default=300.0,
+        help="seconds the engine may make no progress while requests wait before the server "
+        "declares it wedged, fails its requests and exits 1 (default: 300)",
+    )
+    s.add_argument(
+        "--shutdown-timeout",
+        type=non_negative_float,
+        default=30.0,
+        help="on SIGTERM, seconds running requests get to finish before they are aborted "
+        "(default: 30)",
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from cadence.config import EngineConfig
-    from cadence.entrypoints.api_server import create_app
+    from cadence.entrypoints.api_server import ServerOptions, create_app
+    from cadence.entrypoints.launcher import serve
 
     kwargs = check_engine_args(args.parser, args)
     if args.max_num_waiting < 0:
@@ -56,15 +75,15 @@ def run_serve(args: argparse.Namespace) -> int:
         setproctitle("cadence::api")
     except ImportError:
         pass
-    app = create_app(
-        config,
-        args.served_model_name,
-        args.api_key,
-        args.max_num_waiting,
-        args.max_queued_prompt_tokens,
+    options = ServerOptions(
+        served_model_name=args.served_model_name,
+        api_key=args.api_key,
+        metrics_public=args.metrics_public,
+        max_num_waiting=args.max_num_waiting,
+        max_queued_prompt_tokens=args.max_queued_prompt_tokens,
+        engine_stall_timeout=args.engine_stall_timeout,
+        shutdown_timeout=args.shutdown_timeout,
     )
+    app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
-    )
-    return 0
+    return serve(app, args.host, args.port, args.shutdown_timeout)

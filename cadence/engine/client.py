@@ -7,8 +7,17 @@
     await client.shutdown()
 
 One background task reads the core's output socket and feeds the OutputProcessor (which
-detokenizes and checks stop strings here, off the core); another watches the core process
-and, if it dies, fails every in-flight request at once.
+detokenizes and checks stop strings here, off the core); another watches the core process.
+
+How a request can fail:
+  ValueError        the core refused it (a bad grammar, a prompt too long): HTTP 400
+  EngineStepError   the engine step computing it raised; the engine ended it and keeps
+                    serving the others: HTTP 500 (see cadence.engine.core_proc)
+  EngineDeadError   the engine is dead: its process exited, or it was declared wedged
+                    (requests in flight and not one message for `stall_timeout` seconds,
+                    although a working engine sends one at least every second) and killed.
+                    Every in-flight request fails at once, `healthy` turns False and
+                    `dead_event` is set: the server is expected to exit non-zero.
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -39,8 +50,20 @@ from cadence.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+# A first step that compiles Triton kernels, or a long prefill on a CPU, can keep a healthy
+# engine silent for minutes; a wedged one stays silent forever. Five minutes trips on the
+# second and not the first.
+DEFAULT_STALL_TIMEOUT_S = 300.0
+WATCHDOG_INTERVAL_S = 0.2
+
+
 class EngineDeadError(RuntimeError):
-    pass
+    """The engine process is gone (or was killed as wedged): nothing will be served."""
+
+
+class EngineStepError(RuntimeError):
+    """The engine step computing this request failed; the engine ended the request and
+    serves the others."""
 
 
 class _Stream:
@@ -56,9 +79,18 @@ class _Stream:
 
 class AsyncEngineClient:
     def __init__(
-        self, config: EngineConfig, tokenizer, observer: RequestObserver | None = None
+        self,
+        config: EngineConfig,
+        tokenizer,
+        observer: RequestObserver | None = None,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
+        """`stall_timeout`: seconds of silence from the engine, with requests in flight,
+        after which it is declared wedged, killed, and every request fails."""
+        if not stall_timeout > 0:
+            raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.config = config
+        self.stall_timeout = stall_timeout
         self.tokenizer = tokenizer
         self.output_processor = OutputProcessor(tokenizer, observer)
         self.streams: dict[str, _Stream] = {}
@@ -66,6 +98,8 @@ class AsyncEngineClient:
         self.stats = P.EngineStats()
         self.on_stats = None  # callback(EngineStats)
         self.dead_reason: str | None = None
+        self.dead_event = asyncio.Event()  # set once, when the engine is declared dead
+        self._last_heard = time.monotonic()  # the engine's last message (or first request)
         self._tasks: list[asyncio.Task] = []
         self._proc: mp.process.BaseProcess | None = None
 
@@ -81,40 +115,53 @@ class AsyncEngineClient:
         self.from_core = self.ctx.socket(zmq.PULL)
         self.from_core.bind(out_addr)
         spawn = mp.get_context("spawn")
+        # The kernel's parent-death signal fires when the spawning *thread* ends: ask for it
+        # only from the main thread, which lives as long as this process.
+        pdeathsig = threading.current_thread() is threading.main_thread()
+        level = logging.getLogger().getEffectiveLevel()
         self._proc = spawn.Process(
             target=run_engine_core,
-            args=(self.config, in_addr, out_addr, logging.getLogger().getEffectiveLevel()),
+            args=(self.config, in_addr, out_addr, level, os.getpid(), pdeathsig),
             name="cadence::engine",
             daemon=True,
         )
         self._proc.start()
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if not self._proc.is_alive():
-                raise RuntimeError(
-                    f"engine process exited during start-up (code {self._proc.exitcode})"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError("engine did not start in time")
-            if await self.from_core.poll(500):
-                msg = P.outputs_decoder.decode(await self.from_core.recv())
-                if isinstance(msg, P.EngineReady):
-                    self.ready = msg
-                    break
-                if msg.errors:
-                    raise RuntimeError(msg.errors[0][1])
+        try:
+            self.ready = await self._wait_ready(startup_timeout)
+        except BaseException:
+            self._proc.kill()
+            raise
         self._tasks = [
             asyncio.create_task(self._output_loop(), name="cadence-outputs"),
             asyncio.create_task(self._watchdog(), name="cadence-watchdog"),
         ]
         return self.ready
 
+    async def _wait_ready(self, timeout: float) -> P.EngineReady:
+        deadline = time.monotonic() + timeout
+        while True:
+            # Messages first: a core that failed to start sends why, then exits.
+            if await self.from_core.poll(500):
+                msg = P.outputs_decoder.decode(await self.from_core.recv())
+                if isinstance(msg, P.EngineReady):
+                    return msg
+                if msg.errors:
+                    raise RuntimeError(msg.errors[0][1])
+                continue
+            if not self._proc.is_alive():
+                raise RuntimeError(
+                    f"engine process exited during start-up (code {self._proc.exitcode})"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine did not start in {timeout:g} s")
+
     async def shutdown(self) -> None:
+        """Stop the core in order (this is not a death: dead_event stays clear)."""
         for t in self._tasks:
             t.cancel()
         if self._proc is not None and self._proc.is_alive():
-            with contextlib.suppress(zmq.ZMQError):
-                await self.to_core.send_multipart([P.SHUTDOWN, b""])
+            with contextlib.suppress(zmq.ZMQError, TimeoutError):
+                await asyncio.wait_for(self.to_core.send_multipart([P.SHUTDOWN, b""]), 1.0)
             await asyncio.to_thread(self._proc.join, 10)
             if self._proc.is_alive():
                 self._proc.terminate()
@@ -150,6 +197,8 @@ class AsyncEngineClient:
         """
         if not self.healthy:
             raise EngineDeadError(self.dead_reason or "the engine is not running")
+        if not self.output_processor.requests:  # the stall clock starts with the first
+            self._last_heard = time.monotonic()  # request the engine owes tokens to
         now = time.time()
         ids = self.output_processor.add_request(request_id, prompt, prompt_token_ids, params, now)
         stream = _Stream(self.output_processor.requests[request_id])
@@ -160,7 +209,7 @@ class AsyncEngineClient:
         try:
             for sid, child in zip(ids, sample_params(params)):
                 req = P.EngineCoreRequest(sid, prompt_token_ids, child, now, priority)
-                await self.to_core.send_multipart([P.ADD, P.encoder.encode(req)])
+                await self._send_to_core([P.ADD, P.encoder.encode(req)])
             while True:
                 await stream.event.wait()
                 stream.event.clear()
@@ -180,21 +229,53 @@ class AsyncEngineClient:
     async def abort(self, request_id: str) -> None:
         await self._abort_in_core(self.output_processor.abort(request_id))
 
+    async def abort_all(self) -> None:
+        """End every request in flight with finish_reason "abort" (its handler still sends
+        the last chunk or the JSON) and drop them in the core: a drain that ran out of time."""
+        for rid in list(self.output_processor.requests):
+            sample_ids = self.output_processor.abort(rid)
+            stream = self.streams.get(rid)
+            if stream is not None:
+                stream.event.set()
+            await self._abort_in_core(sample_ids)
+
     async def _abort_in_core(self, sample_ids: list[str]) -> None:
         if sample_ids and self.healthy:
-            with contextlib.suppress(zmq.ZMQError):
-                await self.to_core.send_multipart([P.ABORT, P.encoder.encode(sample_ids)])
+            with contextlib.suppress(zmq.ZMQError, EngineDeadError):
+                await self._send_to_core([P.ABORT, P.encoder.encode(sample_ids)])
+
+    async def _send_to_core(self, frames: list[bytes]) -> None:
+        """Send to the core; if its queue is full (a wedged core reads nothing), wait only
+        until the core is declared dead, then raise EngineDeadError."""
+        sent = self.to_core.send_multipart(frames)
+        if not sent.done():
+            dead = asyncio.ensure_future(self.dead_event.wait())
+            try:
+                await asyncio.wait({sent, dead}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                dead.cancel()
+            if not sent.done():
+                sent.cancel()
+                raise EngineDeadError(self.dead_reason or "the engine is not running")
+        sent.result()
 
     # ---- background tasks -------------------------------------------------------------
 
     async def _output_loop(self) -> None:
         while True:
             raw = await self.from_core.recv()
+            self._last_heard = time.monotonic()  # any message is a heartbeat
             try:
                 msg = P.outputs_decoder.decode(raw)
                 self._handle(msg)
             except Exception:  # one bad message must not kill every request
                 logger.exception("failed to handle engine output")
+
+    def _fail(self, request_id: str, error: Exception) -> None:
+        stream = self.streams.get(request_id)
+        if stream is not None:
+            stream.error = error
+            stream.event.set()
 
     def _handle(self, msg: P.EngineCoreOutputs) -> None:
         if msg.stats is not None:
@@ -202,13 +283,16 @@ class AsyncEngineClient:
             if self.on_stats is not None:
                 self.on_stats(msg.stats)
         for rid, message in msg.errors:
-            stream = self.streams.get(rid)
-            if stream is not None:
-                stream.error = ValueError(message)
-                stream.event.set()
+            self._fail(rid, ValueError(message))
+        for rid, message in msg.step_errors:
+            self._fail(rid, EngineStepError(message))
         if not msg.updates:
             return
         changed, to_stop = self.output_processor.process(msg.updates)
+        # Updates the output processor could not apply (it applies the rest of the
+        # message): their requests end with an error; the core is told by generate().
+        for rid, message in self.output_processor.take_failed():
+            self._fail(rid, EngineStepError(message))
         if to_stop:
             asyncio.create_task(self._abort_in_core(to_stop))
         for state in changed:
@@ -217,12 +301,36 @@ class AsyncEngineClient:
                 stream.event.set()
 
     async def _watchdog(self) -> None:
+        """Declare the engine dead when its process exits, or when it is wedged: unfinished
+        requests and not one message (updates or heartbeat) for `stall_timeout` s."""
         while True:
-            await asyncio.sleep(0.2)
-            if self._proc is not None and not self._proc.is_alive():
-                self.dead_reason = f"the engine core process died (exit code {self._proc.exitcode})"
-                logger.error(self.dead_reason)
-                for stream in list(self.streams.values()):
-                    stream.error = EngineDeadError(self.dead_reason)
-                    stream.event.set()
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            if self._proc is None:
+                continue
+            if not self._proc.is_alive():
+                self._declare_dead(
+                    f"the engine core process died (exit code {self._proc.exitcode})"
+                )
                 return
+            silent = time.monotonic() - self._last_heard
+            # Unfinished requests only: a finished one whose handler is still writing to a
+            # slow client owes the engine nothing (and an idle engine sends no heartbeat).
+            if self.output_processor.requests and silent > self.stall_timeout:
+                self._declare_dead(
+                    f"the engine core made no progress for {silent:.0f} s with requests in "
+                    f"flight (stall timeout {self.stall_timeout:g} s); it was killed"
+                )
+                self._proc.kill()
+                await asyncio.to_thread(self._proc.join, 10)
+                return
+
+    def _declare_dead(self, reason: str) -> None:
+        """Fail every in-flight request at once; /health turns 503 from here on."""
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        logger.error(reason)
+        for stream in set(self.streams.values()):
+            stream.error = EngineDeadError(reason)
+            stream.event.set()
+        self.dead_event.set()

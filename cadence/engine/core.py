@@ -77,11 +77,16 @@ class EngineCore:
             self.eos_token_ids,
             sc.grammar_cache_size,
             sc.grammar_compile_threads,
+            sc.grammar_compile_timeout,
         )
         self._awaiting_grammar: dict[str, Request] = {}
         # Async scheduling: the last step's (schedule, launched sampling), read next step.
         self._in_flight = None
         self._failed: list[tuple[str, str]] = []  # (request id, why): grammars that failed
+        # Schedules the step under way touched (its own, and the one it read back): if it
+        # raises, their requests are the failed step's (fail_step).
+        self._touched: list = []
+        self._stale_in_runner: list[str] = []  # rows the runner drops next step (fail_step)
         cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
         logger.info(
             "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s)",
@@ -165,6 +170,51 @@ class EngineCore:
         return failed
 
     def step(self) -> list[RequestUpdate]:
+        """One step. If it raises, call fail_step() before the next one."""
+        updates = self._step()
+        self._touched.clear()
+        return updates
+
+    def fail_step(self) -> list[str]:
+        """After step() raised: end the failed step's requests and bring the core back to a
+        state the next step can trust. Returns the ids ended; they get no RequestUpdate (the
+        caller reports an error for each, whether or not the broken step had finished it).
+
+        The failed step's requests are those in the running batch (they hold KV blocks the
+        broken step may have half-written, and rows in the runner it may have half-updated),
+        those of every schedule the step touched (its own, and with async scheduling the
+        one in flight it read back: a request that step finished never heard so), plus any
+        whose sampled token was still in flight. Requests that hold no KV (queued, preempted,
+        awaiting their grammar) stay queued and run later from a clean slate: the prefix
+        cache is forgotten (a block hashed for the broken step may hold garbage), and the
+        runner drops the rows of every request the scheduler no longer knows.
+
+        Raises RuntimeError if the KV accounting is still inconsistent afterwards: the
+        engine cannot be trusted and should exit.
+        """
+        victims: set[str] = set()
+        if self._in_flight is not None:
+            self._touched.append(self._in_flight[0])
+        for sched in self._touched:
+            victims.update(sched.requests)
+        self._touched.clear()
+        self._in_flight = None
+        victims.update(r.request_id for r in self.scheduler.running)
+        victims.update(r.request_id for r in self.scheduler.waiting if r.num_placeholders)
+        victims.update(rid for rid, blocks in self.kv.req_blocks.items() if blocks)
+        self.abort(sorted(victims))
+        for rid in victims:
+            self.grammars.remove(rid)  # also those the broken step finished
+        known = self.scheduler.requests
+        self._stale_in_runner = [rid for rid in self.runner.requests if rid not in known]
+        if not self.kv.reset_prefix_cache():
+            raise RuntimeError("KV blocks are still held after ending the failed step's requests")
+        logger.warning(
+            "step failed: ended %d request(s); %d still queued", len(victims), len(known)
+        )
+        return sorted(victims)
+
+    def _step(self) -> list[RequestUpdate]:
         if self.config.scheduler.async_scheduling:
             # Jump-forward needs each step's tokens before the next is scheduled: while
             # constrained requests want it, steps run synchronously (after reading back
@@ -230,6 +280,7 @@ class EngineCore:
         may follow, as no later step is in flight yet."""
         prev_sched, pending = self._in_flight
         self._in_flight = None
+        self._touched.append(prev_sched)
         sampled = self.runner.resolve(pending)
         if self.grammars.matchers:
             self._advance_grammars(sampled, jump=jump)
@@ -240,8 +291,12 @@ class EngineCore:
         if self._awaiting_grammar:
             self._admit_compiled()
         sched = self.scheduler.schedule()
+        if self._stale_in_runner:  # left behind by a failed step (fail_step)
+            sched.finished_ids.extend(self._stale_in_runner)
+            self._stale_in_runner = []
         for rid in sched.finished_ids:
             self.grammars.remove(rid)
+        self._touched.append(sched)
         return sched
 
     def _admit_compiled(self) -> None:

@@ -1,36 +1,103 @@
 """The engine core in its own process: the busy loop behind two ZMQ sockets.
 
     loop:
+        parent still there?                      else exit
         drain the inbox (block only when there is no work): add / abort / shutdown
-        updates = core.step()
-        send EngineCoreOutputs(updates, errors, stats)
+        updates = core.step()                    a failure ends only its step's requests
+        send EngineCoreOutputs(updates, errors, step_errors, stats)
 
 The API server's process starts this one (spawn), reads one EngineReady, then streams.
-If the parent dies, the loop notices within a second and exits.
+
+Never outliving the server. The engine must not keep a GPU busy for a server that is gone:
+  - PR_SET_PDEATHSIG (Linux): the kernel sends SIGKILL when the parent dies, even mid-step.
+    It fires on the death of the *thread* that started us, so the client asks for it only
+    when it spawns from its main thread; after setting it, getppid() is checked once more
+    (the parent may have died before we got here).
+  - Otherwise, and as a fallback: the parent's pid is compared with getppid() every loop
+    iteration (one cheap syscall), and an idle engine's poll also watches multiprocessing's
+    parent sentinel, a pipe that reads EOF the moment the parent is gone.
+  - A send never blocks forever: SNDTIMEO bounds it (SEND_TIMEOUT_S); a server that reads
+    nothing for that long is gone or wedged, and the engine logs it and exits.
+
+Step failures (the policy). When `EngineCore.step()` raises:
+  - the traceback is logged; `EngineCore.fail_step()` ends the failed step's requests (those
+    in the running batch, the step in flight, and any whose token was in flight), frees
+    their KV blocks, forgets the prefix cache and has the runner drop their rows;
+  - each of those requests gets a step error (the API answers 500 with an error object, or
+    an SSE error event and [DONE] on a stream); queued requests stay and run normally;
+  - after MAX_CONSECUTIVE_STEP_FAILURES failed steps with no successful one in between,
+    the engine exits with code 1 (the server then exits non-zero, for a supervisor to
+    restart it): a fault that repeats is not one a retry will fix (a dead GPU context, say).
+  - Liveness: while it has unfinished work the loop sends a message at least every
+    HEARTBEAT_INTERVAL_S (stats only, if nothing else), including while a request waits for
+    its grammar. The client declares a silent engine wedged after its stall timeout.
+
+The test-only fault hook (cadence.engine.faults, CADENCE_FAULT_FILE) makes steps raise or
+hang on demand.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing
 import os
 import signal
+import sys
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
-from cadence.engine.core import EngineCore
+
+if TYPE_CHECKING:
+    from cadence.engine.core import EngineCore
 
 logger = logging.getLogger("cadence.engine")
 
 IDLE_POLL_MS = 1000  # with no work: wake up this often to check on the parent
+MAX_CONSECUTIVE_STEP_FAILURES = 3
+SEND_TIMEOUT_S = 60.0  # a send to the API server that waits longer: the server is gone
+SEND_HWM = 1000  # messages queued towards the API server before a send waits
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class EngineExit(Exception):
+    """Leave the loop and the process with this exit code."""
+
+    def __init__(self, code: int, why: str) -> None:
+        super().__init__(why)
+        self.code = code
+
+
+def die_with_parent(parent_pid: int) -> bool:
+    """Ask the kernel to SIGKILL this process when its parent thread dies (Linux only).
+    Returns False if the parent is already gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+                logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        except (OSError, AttributeError) as e:
+            logger.warning("prctl(PR_SET_PDEATHSIG) unavailable: %s", e)
+    return os.getppid() == parent_pid
 
 
 def run_engine_core(
-    config: EngineConfig, in_addr: str, out_addr: str, log_level: int = logging.INFO
+    config: EngineConfig,
+    in_addr: str,
+    out_addr: str,
+    log_level: int = logging.INFO,
+    parent_pid: int | None = None,
+    pdeathsig: bool = False,
 ) -> None:
-    """Process entry point. Never returns normally until SHUTDOWN or the parent's death."""
+    """Process entry point. Returns on SHUTDOWN or the parent's death; exits with code 1
+    after repeated step failures or a send that timed out."""
+    parent_pid = os.getppid() if parent_pid is None else parent_pid
+    if pdeathsig and not die_with_parent(parent_pid):
+        return  # the server died while we were starting
     try:
         from setproctitle import setproctitle
 
@@ -41,38 +108,72 @@ def run_engine_core(
         level=log_level, format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when we stop
-    parent = os.getppid()
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
-    outbox = ctx.socket(zmq.PUSH)
-    outbox.connect(out_addr)
+    outbox = make_outbox(ctx, out_addr)
+    code = 0
+    try:
+        code = _serve(config, inbox, outbox, parent_pid)
+    except EngineExit as e:
+        logger.error("engine exiting: %s", e)
+        code = e.code
+    finally:
+        inbox.close(linger=0)
+        outbox.close(linger=1000)  # let the last errors reach the server, within a bound
+        ctx.term()
+    if code:
+        sys.exit(code)
+
+
+def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> int:
+    from cadence.engine.core import EngineCore  # here: the torch-heavy part of start-up
+    from cadence.engine.faults import install_from_env
+
     try:
         core = EngineCore(config)
     except Exception as e:
         logger.exception("engine start-up failed")
-        outbox.send(
-            P.encoder.encode(P.EngineCoreOutputs(errors=[("", f"engine start-up failed: {e}")]))
-        )
-        time.sleep(0.5)
-        return
+        msg = P.EngineCoreOutputs(errors=[("", f"engine start-up failed: {e}")])
+        send_or_exit(outbox, P.encoder.encode(msg))
+        return 1
+    install_from_env(core)
     runner = core.runner
-    outbox.send(
-        P.encoder.encode(
-            P.EngineReady(
-                runner.model_path,
-                core.max_model_len,
-                core.vocab_size,
-                list(core.eos_token_ids),
-                runner.num_blocks,
-                config.cache.block_size,
-            )
-        )
+    ready = P.EngineReady(
+        runner.model_path,
+        core.max_model_len,
+        core.vocab_size,
+        list(core.eos_token_ids),
+        runner.num_blocks,
+        config.cache.block_size,
     )
-    EngineLoop(core, inbox, outbox, parent).run()
-    inbox.close(linger=0)
-    outbox.close(linger=1000)
-    ctx.term()
+    send_or_exit(outbox, P.encoder.encode(ready))
+    code = EngineLoop(core, inbox, outbox, parent_pid).run()
+    if core.grammars.shutdown():
+        # A compile thread is still inside xgrammar (one given up on): when it returns during
+        # interpreter teardown the C++ runtime aborts the process. Leave without teardown.
+        inbox.close(linger=0)
+        outbox.close(linger=1000)
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
+def make_outbox(ctx: zmq.Context, addr: str, timeout_s: float = SEND_TIMEOUT_S) -> zmq.Socket:
+    """The socket towards the API server: a send waits at most `timeout_s` for room."""
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.SNDHWM, SEND_HWM)
+    outbox.setsockopt(zmq.SNDTIMEO, int(timeout_s * 1000))
+    outbox.connect(addr)
+    return outbox
+
+
+def send_or_exit(outbox: zmq.Socket, frame: bytes) -> None:
+    """Send, or raise EngineExit(1) if the server took nothing for the send timeout."""
+    try:
+        outbox.send(frame)
+    except zmq.Again:
+        raise EngineExit(1, "the API server read nothing for the send timeout") from None
 
 
 class EngineLoop:
@@ -84,25 +185,69 @@ class EngineLoop:
         self.outbox = outbox
         self.parent_pid = parent_pid
         self.errors: list[tuple[str, str]] = []
+        self.step_errors: list[tuple[str, str]] = []
         self.running = True
+        self.consecutive_failures = 0
         self._stats_dirty = False  # an add or abort changed the queues: report them
+        self._last_send = time.monotonic()
+        self._poller = zmq.Poller()
+        self._poller.register(inbox, zmq.POLLIN)
+        # A pipe from multiprocessing that reads EOF once the parent is gone (spawned
+        # children only): lets an idle engine notice at once.
+        parent = multiprocessing.parent_process()
+        self._parent_sentinel = parent.sentinel if parent is not None else None
+        if self._parent_sentinel is not None:
+            self._poller.register(self._parent_sentinel, zmq.POLLIN)
 
-    def run(self) -> None:
-        while self.running:
-            busy = self.core.has_unfinished_requests()
-            self._drain_inbox(block=not busy)
-            if not self.running:
-                break
-            updates = self.core.step() if self.core.has_unfinished_requests() else []
-            self.errors.extend(self.core.take_failed())
-            self._send(updates)
-            if not busy and os.getppid() != self.parent_pid:
-                logger.warning("API server process is gone; engine exiting")
-                break
+    def run(self) -> int:
+        """The loop; returns the process's exit code."""
+        try:
+            while self.running:
+                if os.getppid() != self.parent_pid:
+                    raise EngineExit(0, "the API server process is gone")
+                busy = self.core.has_unfinished_requests()
+                self._drain_inbox(block=not busy)
+                if not self.running:
+                    break
+                updates = self._step() if self.core.has_unfinished_requests() else []
+                self.errors.extend(self.core.take_failed())
+                self._send(updates)
+                if self.consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                    raise EngineExit(1, f"{self.consecutive_failures} engine steps in a row failed")
+        except EngineExit as e:
+            (logger.error if e.code else logger.warning)("engine exiting: %s", e)
+            return e.code
+        return 0
+
+    def _step(self) -> list:
+        try:
+            updates = self.core.step()
+        except Exception as e:
+            self.consecutive_failures += 1
+            logger.exception(
+                "engine step failed (%d in a row; the engine exits after %d)",
+                self.consecutive_failures,
+                MAX_CONSECUTIVE_STEP_FAILURES,
+            )
+            # If the core cannot be made consistent again, this raises and the process
+            # dies with the traceback: the client then fails every request.
+            ended = self.core.fail_step()
+            why = f"the engine step computing this request failed ({type(e).__name__}: {e})"
+            self.step_errors.extend((rid, why) for rid in ended)
+            self._stats_dirty = True
+            return []
+        if updates:  # tokens came out: the engine works again
+            self.consecutive_failures = 0
+        return updates
 
     def _drain_inbox(self, block: bool) -> None:
         timeout = IDLE_POLL_MS if block else 0
-        while self.inbox.poll(timeout):
+        while True:
+            ready = dict(self._poller.poll(timeout))
+            if self._parent_sentinel is not None and self._parent_sentinel in ready:
+                raise EngineExit(0, "the API server process is gone")
+            if self.inbox not in ready:
+                return
             timeout = 0
             kind, payload = self.inbox.recv_multipart()
             if kind == P.ADD:
@@ -127,9 +272,14 @@ class EngineLoop:
             self._stats_dirty = True
 
     def _send(self, updates) -> None:
-        """Every message carries fresh stats (a few numbers); idle and quiet, send nothing."""
-        if not (updates or self.errors or self._stats_dirty):
-            return
+        """Every message carries fresh stats (a few numbers). Idle and quiet, send nothing;
+        busy and quiet, a heartbeat every HEARTBEAT_INTERVAL_S."""
+        now = time.monotonic()
+        if not (updates or self.errors or self.step_errors or self._stats_dirty):
+            if now - self._last_send < P.HEARTBEAT_INTERVAL_S:
+                return
+            if not self.core.has_unfinished_requests():
+                return
         s = self.core.stats()
         g = self.core.grammars.stats
         stats = P.EngineStats(
@@ -148,8 +298,9 @@ class EngineLoop:
             g.cache_hits,
             g.jump_forward_tokens,
         )
-        self.outbox.send(
-            P.encoder.encode(P.EngineCoreOutputs(updates, self.errors, stats, time.time()))
-        )
+        msg = P.EngineCoreOutputs(updates, self.errors, stats, time.time(), self.step_errors)
+        send_or_exit(self.outbox, P.encoder.encode(msg))
         self.errors = []
+        self.step_errors = []
         self._stats_dirty = False
+        self._last_send = now

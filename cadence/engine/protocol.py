@@ -7,7 +7,9 @@ Token ids travel, text does not. Frames on the input socket are (kind, payload):
     SHUTDOWN  None                       leave the loop
 
 On the output socket every frame is one EngineCoreOutputs: a step's token updates, any
-per-request errors, and the scheduler's stats.
+per-request errors, and the scheduler's stats. While the core has unfinished work it sends
+one at least every HEARTBEAT_INTERVAL_S, updates or not: the API server takes a long silence
+with requests in flight for a wedged engine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from cadence.sampling_params import SamplingParams
 ADD = b"add"
 ABORT = b"abort"
 SHUTDOWN = b"shutdown"
+
+HEARTBEAT_INTERVAL_S = 1.0  # the core's longest silence between steps while it has work
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -52,6 +56,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag
     errors: list[tuple[str, str]] = []  # (request id, message): rejected by the core
     stats: EngineStats | None = None
     timestamp: float = 0.0
+    # (request id, message): ended because the step that computed them failed
+    step_errors: list[tuple[str, str]] = []
 
 
 class EngineReady(msgspec.Struct, array_like=True, tag="ready"):

@@ -1,55 +1,68 @@
-"""The API server process: FastAPI routes, errors as OpenAI error objects, auth, metrics.
+"""The API server process: FastAPI routes, the guard at the door, the engine's life cycle.
 
-create_app(args) -> FastAPI       the lifespan starts the engine core process
-run_server(args)                  uvicorn on --host/--port (127.0.0.1 by default)
+    app = create_app(config, options)   the lifespan starts the engine core process
+    serve(app, host, port)              uvicorn, with Cadence's signal handling (launcher.py)
+
+Life cycle: the lifespan starts the engine and a watcher. If the engine dies (or stalls past
+`--engine-stall-timeout`), in-flight requests fail at once, /health turns 503 and, a moment
+later, the server exits with code 1 so a supervisor restarts it. SIGTERM drains: new
+requests get 503 + Retry-After, running ones get up to `--shutdown-timeout` seconds, what is
+left is aborted (finish_reason "abort"), and the server exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import secrets
 import time
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
 import cadence
 from cadence.config import EngineConfig
-from cadence.engine.client import AsyncEngineClient, EngineDeadError
-from cadence.entrypoints.admission import Admission, QueueFull
+from cadence.engine.client import AsyncEngineClient
+from cadence.entrypoints.admission import Admission
+from cadence.entrypoints.errors import APIError, install_error_handlers
+from cadence.entrypoints.guards import Guard
 from cadence.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from cadence.entrypoints.serving import APIError, Serving
+from cadence.entrypoints.prompts import PromptBuilder
+from cadence.entrypoints.serving_chat import ChatServing
+from cadence.entrypoints.serving_completion import CompletionServing
+from cadence.entrypoints.streaming import sse_response, unless_disconnected
 from cadence.metrics import ServerMetrics
 from cadence.tokenizer import load_tokenizer
 
 logger = logging.getLogger("cadence.api")
 
-MAX_BODY_BYTES = 32 * 2**20
 LOG_EVERY_S = 5.0
+DEAD_ENGINE_GRACE_S = 2.0  # after the engine died: time for in-flight errors to go out
 
 
-def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+@dataclass
+class ServerOptions:
+    served_model_name: str | None = None
+    api_key: str | None = None
+    metrics_public: bool = False  # /metrics without the API key
+    max_num_waiting: int = 256  # sequences queued beyond max_num_seqs before 429s
+    max_queued_prompt_tokens: int | None = None  # None: 64 x max_model_len
+    max_body_bytes: int = 32 * 2**20
+    body_timeout_s: float = 60.0  # a request body must arrive within this
+    engine_stall_timeout: float = 300.0  # s without engine progress while requests wait
+    shutdown_timeout: float = 30.0  # s running requests get to finish on SIGTERM
 
 
-def create_app(
-    config: EngineConfig,
-    served_model_name: str | None = None,
-    api_key: str | None = None,
-    max_num_waiting: int = 256,
-    max_queued_prompt_tokens: int | None = None,
-) -> FastAPI:
-    state: dict = {}
+def create_app(config: EngineConfig, options: ServerOptions | None = None) -> FastAPI:
+    opts = options or ServerOptions()
+    state: dict = {"draining": False, "exit_code": 0}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -57,28 +70,33 @@ def create_app(
 
         # Resolve (and convert a GGUF) here once, so the engine process loads a folder.
         path = await asyncio.to_thread(resolve_model_path, config.model.model)
-        name = served_model_name or (config.model.model or "SmolLM2-135M-Instruct")
+        name = opts.served_model_name or (config.model.model or "SmolLM2-135M-Instruct")
         config.model.model = path
         tokenizer = None
         if not config.model.skip_tokenizer_init:
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model.tokenizer or path)
         metrics = ServerMetrics(name)
-        client = AsyncEngineClient(config, tokenizer, metrics)
+        client = AsyncEngineClient(
+            config, tokenizer, metrics, stall_timeout=opts.engine_stall_timeout
+        )
         client.on_stats = metrics.update_engine_stats
         ready = await client.start()
-        queued_tokens = max_queued_prompt_tokens or 64 * ready.max_model_len
         admission = Admission(
             config.scheduler.max_num_seqs,
-            max_num_waiting,
-            queued_tokens,
+            opts.max_num_waiting,
+            opts.max_queued_prompt_tokens or 64 * ready.max_model_len,
             on_reject=lambda: metrics.rejected.labels(name).inc(),
         )
+        prompts = PromptBuilder(tokenizer)
+        shared = (client, prompts, name, ready.max_model_len, admission)
         state.update(
             client=client,
             metrics=metrics,
             name=name,
-            tokenizer=tokenizer,
-            serving=Serving(client, tokenizer, name, ready.max_model_len, admission),
+            prompts=prompts,
+            admission=admission,
+            completions=CompletionServing(*shared),
+            chat=ChatServing(*shared),
             ready=ready,
             started=time.time(),
         )
@@ -88,134 +106,71 @@ def create_app(
             ready.max_model_len,
             ready.num_blocks,
         )
-        log_task = asyncio.create_task(_log_stats(client, metrics, name))
+        tasks = [
+            asyncio.create_task(_log_stats(client, metrics, name)),
+            asyncio.create_task(_exit_when_engine_dies(client, state)),
+        ]
         try:
             yield
         finally:
-            log_task.cancel()
+            for t in tasks:
+                t.cancel()
+            prompts.shutdown()
             await client.shutdown()
 
     app = FastAPI(title="Cadence", version=cadence.__version__, lifespan=lifespan)
     app.state.cadence = state
+    install_error_handlers(app)
+    app.add_middleware(
+        Guard,
+        api_key=opts.api_key or os.environ.get("CADENCE_API_KEY"),
+        metrics_public=opts.metrics_public,
+        max_body_bytes=opts.max_body_bytes,
+        body_timeout_s=opts.body_timeout_s,
+        draining=lambda: state["draining"],
+    )
 
-    # ---- errors -----------------------------------------------------------------------
-
-    @app.exception_handler(APIError)
-    async def _api_error(_: Request, e: APIError):
-        return _error(e)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, e: RequestValidationError):
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        if first.get("type") == "json_invalid":
-            return _error(
-                APIError(f"malformed JSON body: {first.get('ctx', {}).get('error', '')}".strip())
+    async def drain(timeout_s: float) -> None:
+        """Stop admitting, give running requests `timeout_s`, abort the rest, then exit."""
+        state["draining"] = True
+        admission: Admission | None = state.get("admission")
+        client: AsyncEngineClient | None = state.get("client")
+        if admission is not None and client is not None:
+            logger.info(
+                "draining: %d sequences in flight, up to %.0f s",
+                admission.seqs_in_flight,
+                timeout_s,
             )
-        loc = [str(x) for x in first.get("loc", []) if x != "body"]
-        msg = "; ".join(
-            f"{'.'.join(str(x) for x in err.get('loc', []) if x != 'body')}: {err.get('msg')}"
-            for err in errs[:5]
-        )
-        return _error(APIError(msg or "invalid request", param=".".join(loc) or None))
+            deadline = time.monotonic() + timeout_s
+            while not admission.idle and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            if not admission.idle:
+                logger.warning("drain timed out: aborting %d sequences", admission.seqs_in_flight)
+                await client.abort_all()
+                deadline = time.monotonic() + 2.0  # let their last chunks go out
+                while not admission.idle and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+        server = state.get("server")
+        if server is not None:
+            server.should_exit = True
 
-    @app.exception_handler(QueueFull)
-    async def _queue_full(_: Request, e: QueueFull):
-        return _error(
-            APIError(
-                str(e), 429, "rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)}
-            )
-        )
-
-    @app.exception_handler(EngineDeadError)
-    async def _dead(_: Request, e: EngineDeadError):
-        return _error(APIError(str(e), 503, "service_unavailable"))
-
-    @app.exception_handler(ValueError)
-    async def _value(_: Request, e: ValueError):
-        return _error(APIError(str(e)))
-
-    @app.exception_handler(Exception)
-    async def _internal(_: Request, e: Exception):
-        logger.exception("internal error")
-        return _error(APIError(f"internal error: {type(e).__name__}", 500, "internal_error"))
-
-    # ---- middleware: body size, auth ------------------------------------------------------
-
-    key = api_key or os.environ.get("CADENCE_API_KEY")
-
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-            return _error(
-                APIError(f"request body over {MAX_BODY_BYTES} bytes", 413, code="body_too_large")
-            )
-        if key and request.url.path.startswith("/v1"):
-            auth = request.headers.get("authorization", "")
-            token = auth[7:] if auth.lower().startswith("bearer ") else ""
-            if not secrets.compare_digest(token.encode(), key.encode()):
-                return _error(
-                    APIError(
-                        "invalid or missing API key",
-                        401,
-                        "authentication_error",
-                        code="invalid_api_key",
-                    )
-                )
-        return await call_next(request)
+    state["drain"] = drain
 
     # ---- routes -----------------------------------------------------------------------
 
-    def serving() -> Serving:
-        return state["serving"]
-
-    async def respond(result, request: Request):
-        if not hasattr(result, "__aiter__"):
-            return JSONResponse(result)
-        # Start the stream before answering, so errors at submission (429, 400) are status codes.
-        first = await anext(result, None)
-
-        async def body():
-            try:
-                if first is not None:
-                    yield first
-                async for chunk in result:
-                    yield chunk
-            except (EngineDeadError, ValueError) as e:
-                err = APIError(str(e), 503 if isinstance(e, EngineDeadError) else 400)
-                yield f"data: {json.dumps(err.body())}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                await result.aclose()  # a hang-up lands here: aborts the request in the core
-
-        return StreamingResponse(
-            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-
-    async def run_unless_disconnected(coro, request: Request):
-        """Non-streaming: if the client hangs up, cancel (and so abort) the request."""
-        task = asyncio.ensure_future(coro)
-        while not task.done():
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if not done and await request.is_disconnected():
-                task.cancel()
-                return Response(status_code=499)
-        return task.result()
-
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        serving: CompletionServing = state["completions"]
         if req.stream:
-            return await respond(await serving().completions(req), request)
-        result = await run_unless_disconnected(serving().completions(req), request)
-        return result if isinstance(result, Response) else JSONResponse(result)
+            return await sse_response(await serving.completions(req))
+        return await unless_disconnected(serving.completions(req), request)
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request):
+        serving: ChatServing = state["chat"]
         if req.stream:
-            return await respond(await serving().chat(req), request)
-        result = await run_unless_disconnected(serving().chat(req), request)
-        return result if isinstance(result, Response) else JSONResponse(result)
+            return await sse_response(await serving.chat(req))
+        return await unless_disconnected(serving.chat(req), request)
 
     @app.get("/v1/models")
     async def models():
@@ -237,9 +192,10 @@ def create_app(
     async def health():
         client: AsyncEngineClient = state["client"]
         if not client.healthy:
-            return _error(
-                APIError(client.dead_reason or "engine not running", 503, "service_unavailable")
-            )
+            reason = client.dead_reason or "engine not running"
+            return APIError(reason, 503, "service_unavailable").response()
+        if state["draining"]:
+            return APIError("shutting down", 503, "service_unavailable").response()
         return Response(status_code=200)
 
     @app.get("/version")
@@ -260,24 +216,39 @@ def create_app(
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest):
-        s = serving()
-        s.check_model(req.model)
+        serving: ChatServing = state["chat"]
+        serving.check_model(req.model)
+        prompts: PromptBuilder = state["prompts"]
         if req.messages is not None:
-            ids = s.chat_prompt(req.messages, req.add_generation_prompt)
+            ids = await prompts.chat(
+                req.messages, req.add_generation_prompt, kwargs=req.chat_template_kwargs
+            )
         elif req.prompt is not None:
-            ids = s.encode(req.prompt, req.add_special_tokens) if req.prompt else []
+            ids = await prompts.encode(req.prompt, req.add_special_tokens) if req.prompt else []
         else:
             raise APIError("give prompt or messages", param="prompt")
-        return {"tokens": ids, "count": len(ids), "max_model_len": s.max_model_len}
+        return {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
-        s = serving()
-        s.check_model(req.model)
-        s._check_ids(req.tokens)
-        return {"prompt": s._decode(req.tokens)}
+        serving: ChatServing = state["chat"]
+        serving.check_model(req.model)
+        serving.check_ids(req.tokens, "tokens")
+        return {"prompt": await state["prompts"].decode(req.tokens)}
 
     return app
+
+
+async def _exit_when_engine_dies(client: AsyncEngineClient, state: dict) -> None:
+    """A dead or wedged engine is not recovered in place: fail fast, exit 1, and let the
+    supervisor (systemd, Kubernetes, ...) start a fresh server."""
+    await client.dead_event.wait()
+    state["exit_code"] = 1
+    logger.error("engine is gone (%s); the server exits", client.dead_reason)
+    await asyncio.sleep(DEAD_ENGINE_GRACE_S)
+    server = state.get("server")
+    if server is not None:
+        server.should_exit = True
 
 
 async def _log_stats(client: AsyncEngineClient, metrics: ServerMetrics, name: str) -> None:

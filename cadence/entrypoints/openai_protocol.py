@@ -17,12 +17,13 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cadence.entrypoints.tool_calls import ChatTool, ToolChoice
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_STOP_STRINGS = 16
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def random_id(prefix: str) -> str:
@@ -76,7 +77,7 @@ class _SamplingFields(_Base):
     n: Annotated[int, Field(ge=1, le=64)] = 1
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, le=10.0)] | None = None
@@ -96,6 +97,12 @@ class _SamplingFields(_Base):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -220,7 +227,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: Annotated[int, Field(ge=1, le=64)] | None = None  # >= n; not with stream
 
     @field_validator("prompt")
     @classmethod
@@ -282,6 +289,7 @@ class TokenizeRequest(_Base):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Base):

@@ -1,4 +1,5 @@
-"""If the engine core process dies, /health says 503 and in-flight requests end at once."""
+"""If the engine core process dies, /health says 503 and in-flight requests end at once;
+a moment later the server exits with a non-zero code."""
 
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ def test_killing_the_engine_fails_in_flight_requests_and_health(tiny_model_dir):
         assert health.status_code == 503 and health.json()["error"]["message"]
         again = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
         assert again.status_code == 503
+        # Then the server exits by itself, non-zero, for a supervisor to restart it.
+        assert srv.proc.wait(15) != 0
     finally:
         srv.stop()
     assert srv.proc.returncode is not None

@@ -1,0 +1,128 @@
+"""Every error a client sees is an OpenAI error object: {"error": {message, type, param, code}}.
+
+APIError(message, status=400, ...)   raise anywhere in a handler
+install_error_handlers(app)          maps APIError, validation errors, 404 / 405 / 413 /
+                                     415, 429 (QueueFull), 503 (engine dead), 500 (a
+                                     failed engine step or a bug) to that shape
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from cadence.engine.client import EngineDeadError, EngineStepError
+
+logger = logging.getLogger("cadence.api")
+
+# HTTP status -> OpenAI error type, for errors raised outside our own handlers.
+_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+class QueueFull(Exception):
+    """The server is full right now: 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class APIError(Exception):
+    """An error for the client: becomes {"error": {...}} with this HTTP status."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type_
+        self.param = param
+        self.code = code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code or self.status,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def api_error_for(e: BaseException) -> APIError:
+    """The client's view of an exception raised while serving a request (also used for the
+    error event that ends a stream whose status line already went out)."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, QueueFull):
+        return APIError(
+            str(e), 429, "rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)}
+        )
+    if isinstance(e, EngineDeadError):
+        return APIError(str(e), 503, "service_unavailable")
+    if isinstance(e, EngineStepError):
+        return APIError(str(e), 500, "internal_error", code="engine_step_failed")
+    if isinstance(e, ValueError):
+        return APIError(str(e))
+    logger.error("internal error", exc_info=e)
+    return APIError(f"internal error: {type(e).__name__}", 500, "internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, e: RequestValidationError):
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        if first.get("type") == "json_invalid":
+            detail = first.get("ctx", {}).get("error", "")
+            return APIError(f"malformed JSON body: {detail}".strip()).response()
+        loc = [str(x) for x in first.get("loc", []) if x != "body"]
+        msg = "; ".join(
+            f"{'.'.join(str(x) for x in err.get('loc', []) if x != 'body')}: {err.get('msg')}"
+            for err in errs[:5]
+        )
+        return APIError(msg or "invalid request", param=".".join(loc) or None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException):
+        message = str(e.detail)
+        if e.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        elif e.status_code == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        return APIError(
+            message, e.status_code, _TYPES.get(e.status_code, "invalid_request_error")
+        ).response()
+
+    for kind in (APIError, QueueFull, EngineDeadError, EngineStepError, ValueError, Exception):
+
+        @app.exception_handler(kind)
+        async def _mapped(_: Request, e: Exception):
+            return api_error_for(e).response()

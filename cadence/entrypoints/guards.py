@@ -1,0 +1,158 @@
+"""The door of the API server: one pure ASGI middleware that every HTTP request passes.
+
+In order, before any route runs:
+  1. draining (SIGTERM received): 503 + Retry-After for everything but /health and /metrics;
+  2. the API key: with `--api-key`, every path but /health (and /metrics with
+     `--metrics-public`) needs `Authorization: Bearer KEY`, compared in constant time;
+  3. the body: a declared Content-Length over the limit is a 413 before a byte is read;
+     otherwise the body is read here, counting bytes as they arrive (so a chunked upload
+     with no Content-Length is cut off at the limit too), within a time bound (408), and
+     replayed to the route. After the body, the route's `receive` still reports the
+     client's hang-up (`http.disconnect`), which is how aborts on disconnect work;
+  4. a POST whose Content-Type is given and is not JSON: 415.
+
+Pure ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps the
+route's `receive`, and a non-streamed route then never learns that its client left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from collections.abc import Callable
+
+from cadence.entrypoints.errors import APIError
+
+Scope = dict
+Message = dict
+
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+class Guard:
+    def __init__(
+        self,
+        app,
+        *,
+        api_key: str | None,
+        metrics_public: bool,
+        max_body_bytes: int,
+        body_timeout_s: float,
+        draining: Callable[[], bool],
+    ) -> None:
+        self.app = app
+        # Digests of equal length: compare_digest then takes the same time for any key.
+        self.key_digest = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else set())
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.draining = draining
+
+    async def __call__(self, scope: Scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        headers = _headers(scope)
+        if self.draining() and path not in ("/health", "/metrics"):
+            err = APIError(
+                "the server is shutting down; retry on another replica or later",
+                503,
+                "service_unavailable",
+                headers={"Retry-After": "5"},
+            )
+            return await _reply(err, scope, receive, send)
+        if self.key_digest is not None and path not in self.public:
+            auth = headers.get("authorization", "")
+            token = auth[7:] if auth[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self.key_digest):
+                err = APIError(
+                    "invalid or missing API key",
+                    401,
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
+                return await _reply(err, scope, receive, send, {"WWW-Authenticate": "Bearer"})
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
+            return await _reply(self._too_large(), scope, receive, send)
+        if scope["method"] == "POST":
+            ctype = headers.get("content-type", "").split(";")[0].strip().lower()
+            if ctype and ctype != "application/json" and not ctype.endswith("+json"):
+                err = APIError(
+                    f"Content-Type {ctype!r} is not supported: send application/json",
+                    415,
+                    code="unsupported_media_type",
+                )
+                return await _reply(err, scope, receive, send)
+        if scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await asyncio.wait_for(self._read_body(receive), self.body_timeout_s)
+        except TimeoutError:
+            err = APIError(
+                f"the request body did not arrive within {self.body_timeout_s:g} s",
+                408,
+                "timeout_error",
+                code="request_timeout",
+            )
+            return await _reply(err, scope, receive, send, {"Connection": "close"})
+        except _Disconnected:
+            return
+        if body is None:
+            return await _reply(self._too_large(), scope, receive, send, {"Connection": "close"})
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, receive) -> bytes | None:
+        """The whole body, or None as soon as it passes the limit."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                return None
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            f"the request body is over {self.max_body_bytes} bytes",
+            413,
+            code="body_too_large",
+        )
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _replay(body: bytes, receive):
+    """A `receive` that hands the route the body once, then passes through (disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _reply(err: APIError, scope: Scope, receive, send, extra: dict | None = None) -> None:
+    response = err.response()
+    for k, v in (extra or {}).items():
+        response.headers[k] = v
+    await response(scope, receive, send)
