@@ -56,7 +56,7 @@ class StructuredOutputsConfig:
     jump_forward: bool = True  # append tokens a grammar forces without sampling them
     grammar_cache_size: int = 256  # compiled grammars kept (LRU)
     grammar_compile_threads: int = 2  # worker threads compiling grammars off the loop
-    grammar_compile_timeout: float = 30.0  # seconds one grammar may compile before its request gets a 400
+    grammar_compile_timeout: float = 30.0  # seconds a grammar may compile (then: a 400)
 
 
 @dataclass

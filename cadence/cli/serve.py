@@ -75,6 +75,9 @@ def run_serve(args: argparse.Namespace) -> int:
         setproctitle("cadence::api")
     except ImportError:
         pass
+    from cadence.allocator import limit_arenas
+
+    limit_arenas()  # before uvicorn, ZMQ and the thread pools start threads
     options = ServerOptions(
         served_model_name=args.served_model_name,
         api_key=args.api_key,

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
+from cadence.allocator import Trimmer
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
 from cadence.engine.core_proc import run_engine_core
@@ -102,6 +103,7 @@ class AsyncEngineClient:
         self._last_heard = time.monotonic()  # the engine's last message (or first request)
         self._tasks: list[asyncio.Task] = []
         self._proc: mp.process.BaseProcess | None = None
+        self._trimmer = Trimmer()  # this process's free heap back to the OS after bursts
 
     # ---- life cycle -------------------------------------------------------------------
 
@@ -278,6 +280,7 @@ class AsyncEngineClient:
             stream.event.set()
 
     def _handle(self, msg: P.EngineCoreOutputs) -> None:
+        self._trimmer.worked()
         if msg.stats is not None:
             self.stats = msg.stats
             if self.on_stats is not None:
@@ -305,6 +308,7 @@ class AsyncEngineClient:
         requests and not one message (updates or heartbeat) for `stall_timeout` s."""
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            self._trimmer.tick()
             if self._proc is None:
                 continue
             if not self._proc.is_alive():

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
+from cadence.allocator import Trimmer, limit_arenas
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
 
@@ -108,6 +109,7 @@ def run_engine_core(
         level=log_level, format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when we stop
+    limit_arenas()  # before the grammar threads and torch's pools start
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
@@ -189,6 +191,7 @@ class EngineLoop:
         self.running = True
         self.consecutive_failures = 0
         self._stats_dirty = False  # an add or abort changed the queues: report them
+        self._trimmer = Trimmer()  # free heap back to the OS after bursts (allocator.py)
         self._last_send = time.monotonic()
         self._poller = zmq.Poller()
         self._poller.register(inbox, zmq.POLLIN)
@@ -212,6 +215,9 @@ class EngineLoop:
                 updates = self._step() if self.core.has_unfinished_requests() else []
                 self.errors.extend(self.core.take_failed())
                 self._send(updates)
+                if busy:
+                    self._trimmer.worked()
+                self._trimmer.tick()
                 if self.consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
                     raise EngineExit(1, f"{self.consecutive_failures} engine steps in a row failed")
         except EngineExit as e:

@@ -200,7 +200,14 @@ class ModelRunner:
             # Uninitialised (fast to allocate), except block 0: padded key slots point at
             # slot 0, and masked garbage could still be NaN, which survives 0 * NaN.
             cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-            cache[:, 0].zero_()
+            if cache.device.type == "cpu":
+                # Fault every page in now. torch.empty's pages become resident only when a
+                # block is first written, so RSS would creep towards the pool's size over
+                # hours of serving (the LRU free queue rotates through every block), and a
+                # machine short of memory would fail then rather than at start-up.
+                cache.zero_()
+            else:
+                cache[:, 0].zero_()
             layer.kv_cache = cache
             self.kv_caches.append(cache)
         if not log:

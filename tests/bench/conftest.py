@@ -1,5 +1,5 @@
 """Fixtures of the `cadence bench serve` tests: a scripted stub server, the SmolLM2
-tokenizer, and `Server` (tests/entrypoints/server_helper.py, the real-server helper).
+tokenizer, and `Server` (tests/server_helper.py, the real-server helper).
 
 The stub speaks the streaming OpenAI protocol and follows a script written in the prompt
 (completions) or the last message (chat), e.g. "ttft=150 itl=50": sleep 150 ms, send the
@@ -7,15 +7,19 @@ first token, then one token every 50 ms until max_tokens. Other words of the scr
 status=500 (answer that HTTP error), error=1 (an error event mid-stream), nodone=1 (end
 without [DONE]), nousage=1 (no usage chunk). Its usage says prompt_tokens = the number of
 words of the prompt text (every message's content for chat), completion_tokens = max_tokens.
+
+For the soak options it also answers `stream: false` (after ttft + (n-1) * itl), counts
+answers cut by the client (`cut_streams`, `cut_plain`), refuses invalid bodies as
+`invalid_answer` says ("openai": 400/404 with an error object; "detail": 422 with
+FastAPI's {"detail": ...}; "500": a server error), and serves /health (status
+`health_status`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
-import os
 import socket
 import threading
 import time
@@ -53,11 +57,23 @@ class Stub:
     bodies: list[dict] = field(default_factory=list)
     in_flight: int = 0
     max_in_flight: int = 0
+    cut_streams: int = 0  # streamed answers the client hung up on
+    cut_plain: int = 0  # non-streamed answers the client hung up on
+    invalid_seen: int = 0
+    invalid_answer: str = "openai"
+    health_status: int = 200
+    health_probes: int = 0
 
     def reset(self) -> None:
         self.bodies.clear()
         self.in_flight = 0
         self.max_in_flight = 0
+        self.cut_streams = 0
+        self.cut_plain = 0
+        self.invalid_seen = 0
+        self.invalid_answer = "openai"
+        self.health_status = 200
+        self.health_probes = 0
 
 
 def _sse(obj: dict) -> str:
@@ -77,6 +93,11 @@ def make_stub_app(stub: Stub):
     @app.get("/version")
     async def version():
         return {"version": "stub-1"}
+
+    @app.get("/health")
+    async def health():
+        stub.health_probes += 1
+        return JSONResponse({}, status_code=stub.health_status)
 
     async def stream(body: dict, chat: bool):
         if chat:
@@ -102,6 +123,7 @@ def make_stub_app(stub: Stub):
 
         stub.in_flight += 1
         stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+        ended = False  # the generator ran to its end (else the client hung up)
         try:
             # at once: a chunk without text, which must not count as the first token
             if chat:
@@ -115,6 +137,7 @@ def make_stub_app(stub: Stub):
                 if script.get("error") and i == n // 2:
                     yield _sse({"error": {"message": "scripted failure", "code": 500}})
                     yield "data: [DONE]\n\n"
+                    ended = True
                     return
                 yield token(i)
             if chat:
@@ -127,16 +150,70 @@ def make_stub_app(stub: Stub):
                 yield chunk([], usage)
             if not script.get("nodone"):
                 yield "data: [DONE]\n\n"
+            ended = True
         finally:
             stub.in_flight -= 1
+            if not ended:
+                stub.cut_streams += 1
+
+    def refuse(message: str, status: int = 400):
+        stub.invalid_seen += 1
+        if stub.invalid_answer == "detail":
+            return JSONResponse({"detail": message}, status_code=422)
+        if stub.invalid_answer == "500":
+            return JSONResponse({"error": {"message": "boom", "type": "x"}}, status_code=500)
+        err = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+        return JSONResponse({"error": err}, status_code=status)
+
+    def invalid(body) -> tuple[str, int] | None:
+        """What is wrong with a body, and the status it gets; None if it is fine."""
+        if not isinstance(body, dict):
+            return "the body must be a JSON object", 400
+        if body.get("model") != STUB_MODEL:
+            return "no such model", 404
+        text = body.get("messages", body.get("prompt"))
+        if not isinstance(text, (str, list)):
+            return "prompt / messages missing or of the wrong type", 400
+        max_tokens = body.get("max_tokens", 4)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            return "max_tokens must be a positive integer", 400
+        if body.get("temperature", 0) < 0 or body.get("n", 1) < 1:
+            return "temperature and n out of range", 400
+        return None
+
+    async def plain(request: Request, body: dict, chat: bool):
+        """A non-streamed answer; checks for a hang-up while it 'generates'."""
+        n = body.get("max_completion_tokens") or body.get("max_tokens") or 4
+        last = body["messages"][-1].get("content", "") if chat else body["prompt"]
+        script = parse_script(str(last))
+        t_end = time.monotonic() + (script["ttft"] + (n - 1) * script["itl"]) / 1e3
+        while time.monotonic() < t_end:
+            if await request.is_disconnected():
+                stub.cut_plain += 1
+                return JSONResponse({}, status_code=499)
+            await asyncio.sleep(0.01)
+        text = "".join(f"t{i} " for i in range(n))
+        choice = {"index": 0, "finish_reason": "length"}
+        choice.update(
+            {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        )
+        return {"id": "x", "object": "x", "model": STUB_MODEL, "choices": [choice]}
 
     async def handle(request: Request, chat: bool):
-        body = await request.json()
+        try:
+            body = json.loads(await request.body())
+        except json.JSONDecodeError:
+            return refuse("malformed JSON")
+        bad = invalid(body)
+        if bad is not None:
+            return refuse(*bad)
         stub.bodies.append(body)
         last = body["messages"][-1].get("content", "") if chat else body["prompt"]
         status = int(parse_script(str(last)).get("status", 200))
         if status != 200:
             return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
+        if body.get("stream") is False:
+            return await plain(request, body, chat)
         return StreamingResponse(stream(body, chat), media_type="text/event-stream")
 
     @app.post("/v1/completions")
@@ -199,11 +276,7 @@ def tokenizer(smollm2_dir):
 
 @pytest.fixture(scope="session")
 def entrypoints_helpers() -> ModuleType:
-    """tests/entrypoints/server_helper.py (the real-server helper), loaded by its path."""
-    path = os.path.join(
-        os.path.dirname(os.path.dirname(__file__)), "entrypoints", "server_helper.py"
-    )
-    spec = importlib.util.spec_from_file_location("cadence_tests_entrypoints_helpers", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tests/server_helper.py, the real-server helper (tests/ is on sys.path)."""
+    import server_helper
+
+    return server_helper

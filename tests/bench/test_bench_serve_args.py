@@ -57,6 +57,19 @@ def run(capsys, *flags: str) -> tuple[int, str]:
         (["--extra-body", "[1]"], "--extra-body must be a JSON object"),
         (["--result-dir", "out"], "--result-dir and --result-filename go with --save-result"),
         (["--temperature", "-1"], "--temperature must be >= 0"),
+        (["--hangup-fraction", "1.5"], "argument --hangup-fraction: must be in [0, 1]"),
+        (["--invalid-fraction", "x"], "argument --invalid-fraction: 'x' is not a number"),
+        (
+            ["--hangup-fraction", "0.6", "--invalid-fraction", "0.5"],
+            "--hangup-fraction plus --invalid-fraction must be at most 1",
+        ),
+        (["--duration", "0"], "argument --duration: must be positive"),
+        (["--duration", "10"], "--duration needs --max-concurrency (or --sweep)"),
+        (
+            ["--duration", "10", "--max-concurrency", "4", "--request-rate", "5"],
+            "--duration keeps the concurrency full; it does not go with --request-rate",
+        ),
+        (["--server-pid", "999999999"], "--server-pid 999999999: no such process"),
     ],
 )
 def test_bad_arguments(capsys, flags, message):
@@ -80,5 +93,6 @@ def test_help_lists_the_vllm_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--dataset-name", "--random-input-len", "--random-output-len",
                  "--random-range-ratio", "--num-prompts", "--max-concurrency",
-                 "--request-rate", "--burstiness", "--save-result", "--sweep", "--slo"):  # fmt: skip
+                 "--request-rate", "--burstiness", "--save-result", "--sweep", "--slo",
+                 "--duration", "--hangup-fraction", "--invalid-fraction", "--server-pid"):  # fmt: skip
         assert flag in out

@@ -39,9 +39,11 @@ def real_server(entrypoints_helpers, smollm2_dir):
         srv.stop()
 
 
-def counters(url: str) -> dict[str, float]:
-    """The counters' totals over every label set."""
-    text = httpx.get(url + "/metrics", timeout=30).text
+def counters(url: str, key: str) -> dict[str, float]:
+    """The counters' totals over every label set (/metrics needs the key with --api-key)."""
+    resp = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    resp.raise_for_status()
+    text = resp.text
     out = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -60,7 +62,7 @@ def test_real_run_and_sweep_agree_with_server_metrics(real_server, smollm2_dir, 
     srv, key = real_server
     one, sweep = tmp_path / "one.json", tmp_path / "sweep.json"
     board = tmp_path / "SCOREBOARD.md"
-    before = counters(srv.url)
+    before = counters(srv.url, key)
     assert bench(srv.url, key, "--save-json", str(one), "--scoreboard", str(board),
                  "--label", "single", "--plot", str(tmp_path / "one.png")) == 0  # fmt: skip
     assert bench(srv.url, key, "--sweep", "1,2", "--save-json", str(sweep),
@@ -102,7 +104,7 @@ def test_real_run_and_sweep_agree_with_server_metrics(real_server, smollm2_dir, 
     assert [r["warmup"]["requests"] for r in results] == [1, 1]
     deadline = time.monotonic() + 10
     while True:  # counters are fed as outputs arrive: allow a moment to settle
-        after = counters(srv.url)
+        after = counters(srv.url, key)
         delta = {k: after[k] - before[k] for k in COUNTERS}
         if delta["cadence:request_success_total"] >= want_requests or time.monotonic() > deadline:
             break
@@ -119,8 +121,9 @@ def test_real_run_and_sweep_agree_with_server_metrics(real_server, smollm2_dir, 
     assert 0.5 * client_ttft <= server_ttft <= client_ttft
 
     # the context of each result
-    models = httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {key}"}).json()
-    version = httpx.get(srv.url + "/version").json()
+    auth = {"Authorization": f"Bearer {key}"}
+    models = httpx.get(srv.url + "/v1/models", headers=auth).json()
+    version = httpx.get(srv.url + "/version", headers=auth).json()
     head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True)
     for r in results:
         assert r["model"] == models["data"][0]["id"]
@@ -154,3 +157,31 @@ def test_real_server_wrong_api_key(real_server, capsys):
     assert "refused the API key (401: invalid or missing API key); give --api-key" in (
         capsys.readouterr().err
     )
+
+
+def test_real_server_short_soak(real_server, tmp_path):
+    """The soak options against the real server: every invalid body is refused with a 4xx
+    and an error object, hang-ups cut their answers, /health answers throughout, and the
+    RSS comes from both processes (the API server and its engine)."""
+    srv, key = real_server
+    out = tmp_path / "soak.json"
+    rc = bench(srv.url, key, "--max-concurrency", "4", "--duration", "4",
+               "--hangup-fraction", "0.25", "--invalid-fraction", "0.25", "--seed", "1",
+               "--server-pid", str(srv.proc.pid), "--rss-interval", "1",
+               "--save-json", str(out))  # fmt: skip
+    assert rc == 0
+    run = json.loads(out.read_text())["runs"][0]
+    soak, s = run["soak"], run["summary"]
+    tally = soak["tally"]
+    assert tally["sent"]["invalid"] >= 1 and tally["sent"]["hangup"] >= 1
+    assert tally["invalid_ok"] == tally["sent"]["invalid"], tally
+    assert tally["hangups"] + tally["hangups_late"] == tally["sent"]["hangup"]
+    assert soak["errors_by_kind"] == {}
+    assert s["completed"] == tally["sent"]["normal"] >= 1 and s["failed"] == 0
+    assert soak["health"]["non_200"] == 0 and soak["health"]["probes"] >= 6
+    rss = soak["rss"]
+    assert len(rss["samples"]) >= 4
+    procs = rss["samples"][-1]["processes"]
+    for pid in (srv.proc.pid, srv.engine_pid()):
+        assert procs[str(pid)] > 50  # MiB: a Python process with torch
+    assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
