@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 import cadence
 from cadence.config import EngineConfig
@@ -227,14 +227,18 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             ids = await prompts.encode(req.prompt, req.add_special_tokens) if req.prompt else []
         else:
             raise APIError("give prompt or messages", param="prompt")
-        return {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}
+        # JSONResponse directly: FastAPI's jsonable_encoder walks a long id list in Python on
+        # the event loop (seconds for a few MB of prompt), stalling everyone else.
+        return JSONResponse(
+            {"tokens": ids, "count": len(ids), "max_model_len": serving.max_model_len}
+        )
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         serving: ChatServing = state["chat"]
         serving.check_model(req.model)
         serving.check_ids(req.tokens, "tokens")
-        return {"prompt": await state["prompts"].decode(req.tokens)}
+        return JSONResponse({"prompt": await state["prompts"].decode(req.tokens)})
 
     return app
 

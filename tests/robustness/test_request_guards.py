@@ -143,7 +143,10 @@ def test_declared_length_past_the_limit_is_413_without_reading(server):
     )
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(head.encode())
-        reply = sock.recv(65536).decode()
+        reply = b""
+        while b"body_too_large" not in reply and (chunk := sock.recv(65536)):
+            reply += chunk
+        reply = reply.decode()
     assert reply.startswith("HTTP/1.1 413") and "body_too_large" in reply
 
 
@@ -174,16 +177,19 @@ def test_a_request_larger_than_the_server_is_a_400(http, model_name):
 
 
 def test_wide_requests_fill_the_queue_by_their_width(server, model_name):
-    """Two streamed n=8 requests hold 16 sequences: a third request, even n=1, gets 429."""
-    body = {"model": model_name, "prompt": "Tell me a story", "n": 8, "max_tokens": 400}
-    body |= {"ignore_eos": True, "temperature": 1.0, "stream": True}
+    """Two streamed n=8 chats hold 16 sequences (8 running, 8 queued): a third request, even
+    n=1, gets 429. (A chat stream's first chunk, the role, goes out once admitted.)"""
+    body = {"model": model_name, "messages": [{"role": "user", "content": "Tell a story"}]}
+    body |= {"n": 8, "max_tokens": 400, "ignore_eos": True, "temperature": 1.0, "stream": True}
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    url = server.url + "/v1/completions"
+    url = server.url + "/v1/chat/completions"
     a, b = httpx.Client(headers=headers, timeout=180), httpx.Client(headers=headers, timeout=180)
     with a, b, a.stream("POST", url, json=body) as r1, b.stream("POST", url, json=body) as r2:
         assert r1.status_code == r2.status_code == 200  # admitted: the 200 follows admission
         third = httpx.post(
-            url, json={"model": model_name, "prompt": "x", "max_tokens": 1}, headers=headers
+            server.url + "/v1/completions",
+            json={"model": model_name, "prompt": "x", "max_tokens": 1},
+            headers=headers,
         )
         assert _error(third, 429)["type"] == "rate_limit_exceeded"
         assert third.headers["Retry-After"]
@@ -191,7 +197,7 @@ def test_wide_requests_fill_the_queue_by_their_width(server, model_name):
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         again = httpx.post(
-            url,
+            server.url + "/v1/completions",
             json={"model": model_name, "prompt": "x", "max_tokens": 1},
             headers=headers,
             timeout=60,
