@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import pytest
 
@@ -117,3 +118,12 @@ def test_trim_gives_freed_heap_back():
     after = rss_mib()
     libc.free(keep)
     assert before - after > 50, (before, after)
+
+
+def test_the_onednn_cache_is_bounded_unless_the_user_set_it(monkeypatch):
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    allocator.bound_onednn_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(allocator.ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "4096")
+    allocator.bound_onednn_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "4096"

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from cadence.allocator import Trimmer, limit_arenas
+from cadence.allocator import Trimmer, bound_onednn_cache, limit_arenas
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
 
@@ -110,6 +110,7 @@ def run_engine_core(
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when we stop
     limit_arenas()  # before the grammar threads and torch's pools start
+    bound_onednn_cache()  # before the first CPU matmul
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
