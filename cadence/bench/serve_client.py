@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +141,19 @@ def chunk_text(chunk: dict[str, Any], chat: bool) -> str:
     return "".join(parts)
 
 
+async def sse_chunks(resp) -> AsyncIterator[dict[str, Any] | None]:
+    """The JSON chunks of an SSE response, then None for `data: [DONE]` (nothing after
+    it). A stream that stops without [DONE] just ends; bad JSON raises JSONDecodeError."""
+    async for line in resp.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            yield None
+            return
+        yield json.loads(data)
+
+
 async def send_request(
     client: httpx.AsyncClient, path: str, body: dict, chat: bool, rec: RequestRecord, t0: float
 ) -> None:
@@ -156,17 +170,13 @@ async def send_request(
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {error_message(await resp.aread())}"
                 return
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+            async for chunk in sse_chunks(resp):
+                if chunk is None:
                     done = True
                     break
                 now = time.perf_counter()
-                chunk = json.loads(data)
                 if "error" in chunk:
-                    rec.error = f"error in stream: {error_message(data.encode())}"
+                    rec.error = f"error in stream: {error_message(json.dumps(chunk).encode())}"
                     break
                 if chunk.get("usage"):
                     rec.prompt_tokens = chunk["usage"].get("prompt_tokens")

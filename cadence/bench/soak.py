@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cadence.bench.serve_client import chunk_text
+from cadence.bench.serve_client import chunk_text, sse_chunks
 from cadence.bench.stats import percentile
 
 if TYPE_CHECKING:
@@ -153,13 +153,10 @@ async def send_hangup(
                     await resp.aread()
                     tally.errors[f"hangup: HTTP {resp.status_code}"] += 1
                     return
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
+                async for chunk in sse_chunks(resp):
+                    if chunk is None:
                         break
-                    if chunk_text(json.loads(data), chat):
+                    if chunk_text(chunk, chat):
                         seen += 1
                         if seen >= int(cut):
                             tally.hangups += 1
