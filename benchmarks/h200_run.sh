@@ -3,7 +3,8 @@
 #   bash benchmarks/h200_run.sh            (results and logs under $OUT, or ./h200-out)
 # Needs the wheels of benchmarks/device_wheels.sh in .whl/ (and, for PARTS=serve, the model
 # folder it writes to .gpu-smoke/): carry both.
-# PARTS picks sections (default: all of "startup tests serve bench sync profile"; "lat" is
+# PARTS picks sections (default: all of "startup tests serve bench sync profile"; "long"
+# is benchmarks/long_context.py (issue 13's cases), "sweep" benchmarks/split_kv_sweep.py; "lat" is
 # the batch-1 and batch-64 rows of "bench" alone, "sync" those rows without async
 # scheduling). Under the device tool's 10-minute limit run it as two calls, e.g.
 # PARTS="startup tests serve bench", then PARTS=profile. "serve" runs
@@ -89,6 +90,15 @@ run tput_128 throughput $M $COMMON --num-prompts 256 --input-len 128 --output-le
 run tput_1024 throughput $M $COMMON --num-prompts 256 --input-len 1024 --output-len 256
 run lat_b1_eager latency $M $COMMON --batch-size 1 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
 run lat_b64_eager latency $M $COMMON --batch-size 64 --input-len 128 --output-len 256 --enforce-eager --num-iters 1
+fi
+# Long contexts (issue 13): decode tok/s and T_1 by batch and prompt length, the split-KV
+# and prefill-tile sweeps.
+if has sweep; then
+  python3 benchmarks/split_kv_sweep.py --json "$OUT/split_kv_sweep.json" 2>&1 | tee -a "$LOG"
+fi
+if has long; then
+  python3 benchmarks/long_context.py $M --hbm-gbps "$HBM" --json "$OUT/long_context.json" 2>&1 \
+    | grep -v " INFO " | tee -a "$LOG"
 fi
 # What async scheduling buys: the same latency runs with it off.
 if has sync; then

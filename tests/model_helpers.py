@@ -26,6 +26,11 @@ def build_tiny(kind: str):
 
     if kind == "llama":
         return tf.LlamaConfig(**TINY, tie_word_embeddings=False), tf.LlamaForCausalLM
+    if kind == "llama-long":  # a few thousand positions: long prompts, split-KV decodes
+        return (
+            tf.LlamaConfig(**{**TINY, "max_position_embeddings": 4096}, tie_word_embeddings=False),
+            tf.LlamaForCausalLM,
+        )
     if kind == "llama-tied":  # SmolLM-style: tied embeddings
         return tf.LlamaConfig(**TINY, tie_word_embeddings=True), tf.LlamaForCausalLM
     if kind == "mistral":

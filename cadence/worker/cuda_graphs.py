@@ -19,7 +19,12 @@ captured largest first, so the smaller ones fit in what the larger ones reserved
 
 The attention backend must be graph-safe for decodes: `decode_plan(n, device)` gives the
 fixed per-step plan the graph captures (the Triton backend has one; the torch reference
-plans on the host and runs eagerly).
+plans on the host and runs eagerly). Sizes too small to fill the GPU with one attention
+program per sequence and KV head get a second graph whose attention is split-KV
+(flash-decoding, `decode_plan(n, device, split=True)`); a step replays it when its longest
+context is long enough to pay for the split (`graph_wants_split`). The split kernels take
+each sequence's partitions from its length in device memory, so one graph serves every
+context length.
 """
 
 from __future__ import annotations
@@ -70,12 +75,16 @@ class DecodeGraphs:
         self.input_ids, self.positions, self.slot_mapping, self.seq_lens = self.token_inputs
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(1)
-        self.metas: dict[int, AttentionMetadata] = {}  # kept alive: graphs read their plans
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}  # size -> hidden states [size, hidden]
+        # Keyed by (size, split); kept alive, as the graphs read their plans.
+        self.metas: dict[tuple[int, bool], AttentionMetadata] = {}
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # hidden states [size, hidden]
+        graph_parts = getattr(backend, "graph_split_parts", None)
+        self.split_sizes = [s for s in self.sizes if graph_parts and graph_parts(s, device)]
         self.num_replays = 0
+        self.num_split_replays = 0
 
-    def _meta(self, size: int) -> AttentionMetadata:
+    def _meta(self, size: int, split: bool) -> AttentionMetadata:
         meta = AttentionMetadata(
             num_tokens=size,
             query_start_loc=self.query_start_loc[: size + 1],
@@ -86,7 +95,10 @@ class DecodeGraphs:
             seq_lens_cpu=[1] * size,
             block_size=self.block_size,
         )
-        meta.backend_data = self.backend.decode_plan(size, self.device)
+        if split:
+            meta.backend_data = self.backend.decode_plan(size, self.device, split=True)
+        else:
+            meta.backend_data = self.backend.decode_plan(size, self.device)
         return meta
 
     @torch.inference_mode()
@@ -98,14 +110,15 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for size in reversed(self.sizes):
-                meta = self.metas[size] = self._meta(size)
-                ids, pos = self.input_ids[:size], self.positions[:size]
-                self.model(ids, pos, meta)  # warm-up: compiles kernels outside the graph
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.outputs[size] = self.model(ids, pos, meta)
-                pool = graph.pool()
-                self.graphs[size] = graph
+                for split in (False, True) if size in self.split_sizes else (False,):
+                    meta = self.metas[size, split] = self._meta(size, split)
+                    ids, pos = self.input_ids[:size], self.positions[:size]
+                    self.model(ids, pos, meta)  # warm-up: compiles kernels outside the graph
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        self.outputs[size, split] = self.model(ids, pos, meta)
+                    pool = graph.pool()
+                    self.graphs[size, split] = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
@@ -144,6 +157,10 @@ class DecodeGraphs:
             self.block_tables[b:size, 0] = 0  # a padding row reads the zeroed block 0
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
             self.input_ids[fill[0]] = fill[1]
-        self.graphs[size].replay()
+        split = size in self.split_sizes and self.backend.graph_wants_split(
+            size, int(token_inputs[3].max()), self.device
+        )
+        self.graphs[size, split].replay()
         self.num_replays += 1
-        return self.outputs[size][:b]
+        self.num_split_replays += split
+        return self.outputs[size, split][:b]

@@ -28,9 +28,11 @@ from cadence.worker import prompt_logprobs
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
 from cadence.worker.memory_profile import profile_cuda_memory
+from cadence.worker.mixed_graphs import MixedGraphs
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
 from cadence.worker.transfer import to_device, to_device_aligned, to_host_async
+from cadence.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +126,8 @@ class ModelRunner:
         self.tables = BlockTables(
             config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device
         )
+        if self.backend.name == "triton":  # every kernel variant compiles now, not mid-serving
+            logger.info("compiled the Triton kernels' variants in %.1f s", warm_up(self))
         self.graphs: DecodeGraphs | None = None
         if self._use_cuda_graphs():
             self.graphs = DecodeGraphs(
@@ -139,6 +143,24 @@ class ModelRunner:
                 "captured CUDA graphs for %d decode batch sizes (1 to %d) in %.1f s",
                 len(self.graphs.sizes),
                 self.graphs.max_batch,
+                seconds,
+            )
+        self.mixed_graphs: MixedGraphs | None = None
+        if self.graphs is not None and hasattr(self.backend, "mixed_graph_plan"):
+            sc = config.scheduler
+            self.mixed_graphs = MixedGraphs(
+                self.model,
+                self.backend,
+                self.device,
+                sc.max_num_batched_tokens,
+                sc.max_num_seqs,
+                self.max_blocks_per_seq,
+                self.block_size,
+            )
+            seconds = self.mixed_graphs.capture()
+            logger.info(
+                "captured CUDA graphs for prefill/mixed steps of %s tokens in %.1f s",
+                self.mixed_graphs.sizes,
                 seconds,
             )
 
@@ -312,9 +334,11 @@ class ModelRunner:
         slots = self.tables.host[token_rows, positions // bs] * bs + positions % bs
         width = int(self.tables.num_blocks[rows_np].max())
         self.tables.sync()  # this step's new blocks, on the device before the gather
-        graph_size = None
+        graph_size = mixed_size = None
         if self.graphs is not None and num_tokens == num_reqs:  # decodes only
             graph_size = self.graphs.size_for(num_reqs)
+        if graph_size is None and self.mixed_graphs is not None:
+            mixed_size = self.mixed_graphs.size_for(qlens_np, seq_lens_np)
         fill = None
         if fill_rows:
             fill_d = to_device(torch.tensor([fill_rows, fill_from], dtype=torch.int64), dev)
@@ -322,6 +346,11 @@ class ModelRunner:
         if graph_size is not None:
             token_inputs = np.stack([np.array(input_ids), positions, slots, seq_lens_np, rows_np])
             hidden = self.graphs.run(graph_size, token_inputs, self.tables, width, fill)
+        elif mixed_size is not None:
+            tokens = np.stack([np.array(input_ids), positions, slots])
+            hidden = self.mixed_graphs.run(
+                mixed_size, tokens, qlens_np, seq_lens_np, rows_np, self.tables, width, fill
+            )
         else:
             # One host-to-device copy of every token- and request-level int, then the
             # step's block tables gathered from the persistent rows on the device.

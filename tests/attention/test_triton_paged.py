@@ -47,6 +47,9 @@ class Case:
     split_min_partition: int = 32
     seed: int = 0
     rotary: bool = False  # the backend rotates q and k (kernel A) before attending
+    # Every request a decode, run through the fixed plan a CUDA graph captures
+    # (decode_plan; split-KV when split_kv is True) instead of build()'s.
+    graph_plan: bool = False
 
 
 def _random_mixed(seed: int, num_reqs: int, max_ctx: int, **kw) -> Case:
@@ -89,7 +92,14 @@ CPU_CASES = [
     _random_mixed(3, 8, 320, num_heads=4, num_kv_heads=2, block_size=32),
     _random_mixed(4, 8, 320, num_heads=8, num_kv_heads=2, head_dim=128, dtype="float16"),
     _random_mixed(5, 6, 300, num_heads=4, num_kv_heads=1, dtype="bfloat16", split_kv=True),
-]
+    # What a split-KV decode graph replays: one partition count for the batch size, each
+    # context cut by its own length; seq_len 1 is a graph's padding row.
+    Case("graph_split_varied_contexts", (1, 1, 1, 1), (1, 700, 33, 1500), split_kv=True,
+         graph_plan=True),
+    Case("graph_split_bf16_g4", (1, 1), (1030, 64), 4, 1, 128, dtype="bfloat16", split_kv=True,
+         split_min_partition=256, graph_plan=True),
+    Case("graph_plain_decodes", (1, 1, 1), (1, 300, 45), split_kv=False, graph_plan=True),
+]  # fmt: skip
 
 
 def _make_batch(case: Case, device: str | torch.device):
@@ -177,6 +187,11 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         split_min_partition=case.split_min_partition,
     )
     m = backend.build(m)
+    if case.graph_plan:
+        assert set(case.query_lens) == {1}, "a graph plan is for decode-only batches"
+        m.backend_data = backend.decode_plan(
+            len(case.query_lens), torch.device(device), split=bool(case.split_kv)
+        )
     out = backend.forward(q, k, v, cache, m, scale, rotary)
     if device != "cpu":
         torch.cuda.synchronize()
@@ -300,8 +315,8 @@ def test_split_heuristic() -> None:
 
     p = plan([1], [8192])
     assert p.split_req.tolist() == [0] and p.work_req.numel() == 0
-    assert p.num_parts * p.partition_size >= 8192 and p.num_parts >= 16
-    assert p.max_parts >= p.num_parts and p.max_parts & (p.max_parts - 1) == 0
+    assert p.num_parts == 32  # 8 kv heads x 32 partitions: 2 programs per SM
+    assert plan([1] * 8, [4096] * 8).num_parts == 4
     assert plan([1] * 64, [2048] * 64).split_req.numel() == 0  # 512 programs already
     assert plan([1, 1], [300, 200]).split_req.numel() == 0  # short contexts
     assert plan([1, 512], [4096, 4096]).split_req.numel() == 0  # a prefill fills the GPU
@@ -309,6 +324,20 @@ def test_split_heuristic() -> None:
     assert p.work_q == 64 and p.work_req.tolist() == [0, 1, 2, 3]
     p = plan([130, 1], [200, 5])
     assert p.work_req.tolist() == [0, 0, 0, 1] and p.work_qoff.tolist() == [0, 64, 128, 0]
+
+
+@needs_triton
+def test_split_kv_parts_rule() -> None:
+    """Powers of two that bring a launch to about two programs per SM; none when the
+    decodes alone cover the SMs; never past what the reduce kernel holds."""
+    from cadence.attention.triton_split_kv import MAX_SPLIT_PARTS, split_kv_parts
+
+    assert [split_kv_parts(b, 8, 132) for b in (1, 2, 4, 8, 16, 17, 64)] == [32, 16, 8, 4, 2, 0, 0]
+    assert split_kv_parts(1, 1, 132) == MAX_SPLIT_PARTS
+    assert split_kv_parts(0, 8, 132) == 0
+    for b in range(1, 40):
+        parts = split_kv_parts(b, 4, 108)
+        assert parts == 0 or (parts & (parts - 1) == 0 and b * 4 * parts <= 2 * 108)
 
 
 # ---- GPU: compiled kernels at real sizes -----------------------------------------------
@@ -329,6 +358,11 @@ GPU_CASES = [
          dtype="bfloat16", rotary=True),
     Case("rotary_prefill_fp16_d64", (300, 1), (300, 900), 16, 4, 64, dtype="float16",
          rotary=True),
+    Case("prefill_8k", (8000,), (8000,), 32, 8, 128, dtype="bfloat16"),
+    Case("graph_split_b1_ctx32k", (1,), (32000,), 32, 8, 128, dtype="bfloat16", split_kv=True,
+         split_min_partition=256, graph_plan=True),
+    Case("graph_split_b8_ctx4k_padded", (1,) * 8, (4000,) * 6 + (1, 1), 32, 8, 128,
+         dtype="bfloat16", split_kv=True, split_min_partition=256, graph_plan=True),
 ]  # fmt: skip
 
 

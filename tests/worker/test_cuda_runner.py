@@ -38,6 +38,7 @@ def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf
     assert llm.engine.runner.backend.name == "triton"
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.graphs.num_replays > 0  # decode steps replayed graphs
+    assert llm.engine.runner.mixed_graphs.num_replays > 0  # and prefill steps theirs
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
@@ -47,8 +48,9 @@ def test_graph_replay_gives_the_same_tokens_as_eager(kind, tiny_model_dir):
     kw = dict(device="cuda", dtype="bfloat16", num_gpu_blocks_override=512)
     graphs = LLM(path, **kw)
     eager = LLM(path, enforce_eager=True, **kw)
-    assert eager.engine.runner.graphs is None
+    assert eager.engine.runner.graphs is None and eager.engine.runner.mixed_graphs is None
     assert generate(graphs, prompts) == generate(eager, prompts)
+    assert graphs.engine.runner.mixed_graphs.num_replays > 0
 
 
 @pytest.mark.parametrize("kind", ARCHS)
@@ -103,3 +105,46 @@ def test_async_scheduling_by_default_with_graphs_equals_transformers(
     assert llm.config.scheduler.async_scheduling  # the default on CUDA
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.graphs.num_replays > 0
+
+
+# A model with 4096 positions: contexts past split_min_context (1024) replay the split-KV
+# decode graphs, alone (batch 1) and padded (3 decodes in the graph of 4).
+LONG_LENGTHS = [3000, 1500, 1100]
+
+
+def test_long_prompts_with_split_kv_graphs_equal_transformers(tiny_model_dir, hf_model):
+    path = tiny_model_dir("llama-long")
+    prompts = make_prompts(512, LONG_LENGTHS, seed=4)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = LLM(path, device="cuda", dtype="float32", num_gpu_blocks_override=1024)
+    assert generate(llm, prompts[:1]) == expected[:1]
+    assert generate(llm, prompts) == expected
+    assert llm.engine.runner.graphs.num_split_replays > 0
+
+
+def test_long_prompts_split_kv_graphs_equal_eager(tiny_model_dir):
+    path = tiny_model_dir("llama-long")
+    prompts = make_prompts(512, LONG_LENGTHS + [30], seed=5)
+    kw = dict(device="cuda", dtype="bfloat16", num_gpu_blocks_override=1024)
+    graphs = LLM(path, **kw)
+    eager = LLM(path, enforce_eager=True, **kw)
+    assert generate(graphs, prompts) == generate(eager, prompts)
+    assert graphs.engine.runner.graphs.num_split_replays > 0
+
+
+def test_mixed_step_graphs_with_a_small_token_budget_equal_transformers(tiny_model_dir, hf_model):
+    """A budget of 24 tokens: every prefill is chunked, and chunks share steps with decodes,
+    so nearly every step replays a mixed-step graph (buckets 16 and 24, the budget)."""
+    path = tiny_model_dir("llama")
+    prompts = make_prompts(512, LENGTHS, seed=2)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = LLM(
+        path,
+        device="cuda",
+        dtype="float32",
+        num_gpu_blocks_override=512,
+        max_num_batched_tokens=24,
+    )
+    assert llm.engine.runner.mixed_graphs.sizes == [16, 24]
+    assert generate(llm, prompts) == expected
+    assert llm.engine.runner.mixed_graphs.num_replays > 0

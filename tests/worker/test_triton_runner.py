@@ -1,6 +1,7 @@
 """The model runner with the Triton attention backend, end to end on the CPU through
 Triton's interpreter: greedy float32 tokens equal transformers, prefill chunks and decodes
-mixed in one step. (On CUDA the same is checked, with graphs, in test_cuda_runner.py.)"""
+mixed in one step, and long prompts whose decodes take the split-KV path. (On CUDA the
+same is checked, with graphs, in test_cuda_runner.py.)"""
 
 from __future__ import annotations
 
@@ -37,11 +38,44 @@ assert got == expected, (got, expected)
 """
 
 
-def test_triton_backend_in_the_engine_under_the_interpreter():
+# A model with 4096 positions; a prompt past split_min_context (1024) decodes split-KV,
+# alone and beside a short one, after a chunked prefill.
+LONG_CHECK = """
+import sys, zlib, tempfile
+sys.path.insert(0, {tests!r})
+import torch
+from model_helpers import build_tiny, make_prompts, hf_greedy
+from cadence import LLM, SamplingParams
+
+config, cls = build_tiny("llama-long")
+torch.manual_seed(zlib.crc32(b"llama-long"))
+model = cls(config).eval()
+path = tempfile.mkdtemp()
+model.save_pretrained(path)
+prompts = make_prompts(512, [1300, 7], seed=6)
+expected = [hf_greedy(model, p, 4) for p in prompts]
+llm = LLM(path, dtype="float32", attention_backend="triton", num_gpu_blocks_override=120,
+          max_num_batched_tokens=512)
+splits = []
+backend = llm.engine.runner.backend
+build = backend.build
+backend.build = lambda meta: splits.append(build(meta).backend_data.split_req.numel()) or meta
+params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+got = [llm.generate({{"prompt_token_ids": p}}, params, use_tqdm=False)[0].outputs[0].token_ids
+       for p in prompts[:1]]
+got += [o.outputs[0].token_ids for o in llm.generate(
+    [{{"prompt_token_ids": p}} for p in prompts], params, use_tqdm=False)]
+assert got == expected[:1] + expected, (got, expected)
+assert max(splits) >= 1, splits
+"""
+
+
+@pytest.mark.parametrize("script", [CHECK, LONG_CHECK], ids=["mixed", "long_split_kv"])
+def test_triton_backend_in_the_engine_under_the_interpreter(script):
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", CHECK.format(tests=tests)],
+        [sys.executable, "-c", script.format(tests=tests)],
         env=env,
         capture_output=True,
         text=True,

@@ -1,0 +1,386 @@
+"""The Triton kernels of the paged-attention backend that every step runs (A and B); the
+split-KV pair (C) is in triton_split_kv.py, the planning and launches in triton_paged.py.
+
+  A  write_kv_kernel        rotate q in place, write the step's rotated K and V to the cache
+  B  paged_attention_kernel  attend every work item of a mixed batch, one launch
+
+Both attention kernels walk keys with `_attend_range`, the online-softmax inner loop. Kernel
+B's prefill tile visits a range in two phases: the tiles every query row sees in full (keys
+before the program's first query token: no causal or bounds masks, so no compares or
+selects in the loop that dominates a long prefill), then the tail that needs them. Decode
+tiles (memory-bound) run the masked loop alone, which keeps their compile time down.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from cadence.layers.fused import gdc_wait, rotate_half_rows
+
+# ---------------------------------------------------------------------------------------
+# Kernel A: write the step's K/V into the cache.
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def write_kv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cache_ptr,
+    slot_ptr,
+    cos_ptr,
+    sin_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cos,
+    stride_ckv,
+    stride_cblk,
+    stride_ctok,
+    stride_chead,
+    num_q_heads,
+    num_kv_heads,
+    BLOCK_SIZE: tl.constexpr,
+    HALF: tl.constexpr,  # head_dim // 2
+    BLOCK_H: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    ROTARY: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, HALF)[None, :]
+    h = tl.arange(0, BLOCK_H)[:, None]
+    if ROTARY:
+        cos1 = tl.load(cos_ptr + t * stride_cos + tl.arange(0, HALF))
+        cos2 = tl.load(cos_ptr + t * stride_cos + HALF + tl.arange(0, HALF))
+        sin1 = tl.load(sin_ptr + t * stride_cos + tl.arange(0, HALF))
+        sin2 = tl.load(sin_ptr + t * stride_cos + HALF + tl.arange(0, HALF))
+        # q is rotated in place (even for a padding token: harmless, its output is unused).
+        hq = tl.arange(0, BLOCK_HQ)[:, None]
+        for h0 in range(0, num_q_heads, BLOCK_HQ):
+            qmask = (h0 + hq) < num_q_heads
+            ptr = q_ptr + t * stride_qt + (h0 + hq) * stride_qh + d
+            q1, q2 = rotate_half_rows(
+                tl.load(ptr, mask=qmask, other=0.0),
+                tl.load(ptr + HALF, mask=qmask, other=0.0),
+                cos1,
+                sin1,
+                cos2,
+                sin2,
+            )
+            tl.store(ptr, q1, mask=qmask)
+            tl.store(ptr + HALF, q2, mask=qmask)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    # A negative slot marks a padding token (e.g. a CUDA-graph pad): write nothing.
+    if slot >= 0:
+        mask = h < num_kv_heads
+        dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cblk + (slot % BLOCK_SIZE) * stride_ctok
+        dst += h * stride_chead + d
+        src_k = k_ptr + t * stride_kt + h * stride_kh + d
+        src_v = v_ptr + t * stride_vt + h * stride_vh + d
+        k1 = tl.load(src_k, mask=mask)
+        k2 = tl.load(src_k + HALF, mask=mask)
+        if ROTARY:  # the rotated key goes to the cache only: attention reads keys there
+            k1, k2 = rotate_half_rows(k1, k2, cos1, sin1, cos2, sin2)
+        out_t = cache_ptr.dtype.element_ty
+        tl.store(dst, k1.to(out_t), mask=mask)
+        tl.store(dst + HALF, k2.to(out_t), mask=mask)
+        tl.store(dst + stride_ckv, tl.load(src_v, mask=mask).to(out_t), mask=mask)
+        tl.store(dst + stride_ckv + HALF, tl.load(src_v + HALF, mask=mask).to(out_t), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------
+# Shared inner loop: online softmax over key positions of one request.
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_range(
+    q,  # [BLOCK_M, HEAD_DIM], cache dtype
+    q_pos,  # [BLOCK_M] int32 absolute position of each row's token (causal limit)
+    acc,  # [BLOCK_M, HEAD_DIM] fp32 running output (unnormalised)
+    m_i,  # [BLOCK_M] fp32 running max (log2 domain)
+    l_i,  # [BLOCK_M] fp32 running sum
+    cache_ptr,
+    bt_row_ptr,  # this request's block-table row
+    kv_head_off,  # kv_head * stride_chead (int64)
+    stride_ckv,
+    stride_cblk,
+    stride_ctok,
+    kv_lo,
+    kv_hi,
+    qk_scale,  # softmax scale * log2(e): scores live in the log2 domain (exp2 is cheaper)
+    MASKED: tl.constexpr,  # False: every key in [kv_lo, kv_hi) is visible to every row
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """Online softmax of the rows over key positions [kv_lo, kv_hi) of one request. With
+    MASKED=False the caller promises whole tiles (kv_hi - kv_lo a multiple of BLOCK_N)
+    that every row may see."""
+    d = tl.arange(0, HEAD_DIM)
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        kv_pos = start + tl.arange(0, BLOCK_N)
+        # Physical block of each key position. For BLOCK_N <= block size these are all the
+        # same (or two) entries, served from L1; for tiny blocks it is a real gather.
+        if MASKED:
+            kv_ok = kv_pos < kv_hi
+            blk = tl.load(bt_row_ptr + kv_pos // BLOCK_SIZE, mask=kv_ok, other=0)
+        else:
+            blk = tl.load(bt_row_ptr + kv_pos // BLOCK_SIZE)
+        blk = blk.to(tl.int64)
+        off = blk * stride_cblk + (kv_pos % BLOCK_SIZE).to(tl.int64) * stride_ctok + kv_head_off
+        # Masked loads give 0, so garbage in unused slots never reaches the dot products.
+        if MASKED:
+            k = tl.load(cache_ptr + off[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
+        else:
+            k = tl.load(cache_ptr + off[None, :] + d[:, None])
+        if DOT_F32:
+            s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        s = s * qk_scale  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            keep = kv_ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(
+                cache_ptr + stride_ckv + off[:, None] + d[None, :],
+                mask=kv_ok[:, None],
+                other=0.0,
+            )
+        else:
+            v = tl.load(cache_ptr + stride_ckv + off[:, None] + d[None, :])
+        # P is rounded to the cache dtype, as tensor cores take it.
+        p = p.to(v.dtype)
+        if DOT_F32:
+            pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p, v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def attend(
+    q,
+    q_pos,
+    cache_ptr,
+    bt_row_ptr,
+    kv_head_off,
+    stride_ckv,
+    stride_cblk,
+    stride_ctok,
+    kv_lo,
+    kv_full,  # keys in [kv_lo, kv_full) are visible to every row; kv_full - kv_lo % BLOCK_N == 0
+    kv_hi,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    TWO_PHASE: tl.constexpr,  # False: one masked loop (less code to compile; for decodes)
+):
+    """(acc, m, l) of the rows over keys [kv_lo, kv_hi): the unmasked phase, then the tail.
+    The unmasked phase pays where rows are many (prefill tiles: compute-bound); a decode's
+    loop is bound by memory, so its kernels compile the masked loop alone."""
+    # A finite start for the running max: a row whose keys are all masked in a tile keeps
+    # m = -1e30, alpha = exp2(0) = 1 and p = exp2(-inf) = 0, never inf - inf = NaN.
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    masked_lo = kv_lo
+    if TWO_PHASE:
+        acc, m_i, l_i = _attend_range(
+            q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
+            stride_cblk, stride_ctok, kv_lo, kv_full, qk_scale, False,
+            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+        )  # fmt: skip
+        masked_lo = kv_full
+    acc, m_i, l_i = _attend_range(
+        q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv, stride_cblk,
+        stride_ctok, masked_lo, kv_hi, qk_scale, True,
+        BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+    )  # fmt: skip
+    return acc, m_i, l_i
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel B: the whole mixed batch in one launch.
+# ---------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attend_rows_and_store(
+    q_ptr,
+    out_ptr,
+    cache_ptr,
+    bt_row_ptr,
+    kvh,
+    tok0,  # first query token (global index) of this program
+    n_tok,  # query tokens this program owns (>= 1)
+    pos0,  # absolute position of token tok0
+    seq_len,
+    group,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_ckv,
+    stride_cblk,
+    stride_ctok,
+    stride_chead,
+    qk_scale,
+    BLOCK_M: tl.constexpr,
+    G_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    TWO_PHASE: tl.constexpr,
+):
+    # Row r of the tile is query token r // G_PAD, head r % G_PAD of the kv head's group.
+    r = tl.arange(0, BLOCK_M)
+    tok = r // G_PAD
+    g = r % G_PAD
+    row_ok = (tok < n_tok) & (g < group)
+    head = (kvh * group + g).to(tl.int64)
+    t = (tok0 + tok).to(tl.int64)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    # Padding rows get positions past the chunk; they still see key 0, so every row has at
+    # least one unmasked key and l >= 1 below.
+    q_pos = pos0 + tok
+    kv_hi = tl.minimum(seq_len, pos0 + n_tok)  # the last token sees up to itself
+    # Keys before the program's first query token are visible to all its rows.
+    kv_full = tl.minimum(pos0, kv_hi) // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = attend(
+        q.to(cache_ptr.dtype.element_ty),
+        q_pos,
+        cache_ptr,
+        bt_row_ptr,
+        kvh.to(tl.int64) * stride_chead,
+        stride_ckv,
+        stride_cblk,
+        stride_ctok,
+        0,
+        kv_full,
+        kv_hi,
+        qk_scale,
+        BLOCK_M,
+        BLOCK_N,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        DOT_PRECISION,
+        DOT_F32,
+        TWO_PHASE,
+    )
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+
+
+# The block table's row stride changes every step (its width is the longest context in
+# blocks) and the item size with the batch: neither may compile a new specialisation.
+@triton.jit(do_not_specialize=["stride_bt", "work_q"])
+def paged_attention_kernel(
+    q_ptr,
+    out_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    query_start_ptr,
+    seq_lens_ptr,
+    work_req_ptr,
+    work_qoff_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_ckv,
+    stride_cblk,
+    stride_ctok,
+    stride_chead,
+    stride_bt,
+    group,
+    qk_scale,
+    work_q,  # query tokens per work item (from build)
+    TOK: tl.constexpr,  # query tokens per program (= BLOCK_M // G_PAD)
+    BLOCK_M: tl.constexpr,
+    SMALL_M: tl.constexpr,  # rows of the decode-sized tile
+    G_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+    item = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sub = tl.program_id(2)
+    req = tl.load(work_req_ptr + item)
+    item_off = tl.load(work_qoff_ptr + item)
+    q_start = tl.load(query_start_ptr + req).to(tl.int32)
+    q_end = tl.load(query_start_ptr + req + 1).to(tl.int32)
+    seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
+    tok0 = q_start + item_off + sub * TOK
+    tok_hi = tl.minimum(q_end, q_start + item_off + work_q)
+    n_tok = tl.minimum(tok_hi - tok0, TOK)
+    # Sub-tiles past the end of a short item (a decode in a batch planned for prefill
+    # chunks) have nothing to do.
+    if n_tok > 0:
+        # The chunk is the last query_len tokens of the sequence (cached prefix before it).
+        pos0 = seq_len - (q_end - q_start) + (tok0 - q_start)
+        bt_row = block_tables_ptr + req.to(tl.int64) * stride_bt
+        if SMALL_M < BLOCK_M:
+            if n_tok * G_PAD <= SMALL_M:
+                _attend_rows_and_store(
+                    q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
+                    group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
+                    stride_cblk, stride_ctok, stride_chead, qk_scale,
+                    SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+                    False,
+                )  # fmt: skip
+            else:
+                _attend_rows_and_store(
+                    q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
+                    group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
+                    stride_cblk, stride_ctok, stride_chead, qk_scale,
+                    BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+                    True,
+                )  # fmt: skip
+        else:
+            _attend_rows_and_store(
+                q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
+                group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
+                stride_cblk, stride_ctok, stride_chead, qk_scale,
+                BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+                False,
+            )  # fmt: skip

@@ -1,0 +1,201 @@
+"""CUDA graphs of small prefill and mixed steps: the lean launch path for short prompts.
+
+A step that carries prefill tokens runs ~300 kernels for Llama-8B; launched eagerly from
+Python each costs tens of microseconds of host time, so a 128-token prompt's prefill
+waits ~12 ms on launches for ~4 ms of GPU work, and that is its time to first token.
+Here such steps replay a CUDA graph captured for a token bucket (`BUCKETS`, up to 512
+tokens; bigger steps are compute-bound and run eagerly). Everything a step varies is data
+in buffers the graphs read by address:
+
+    tokens        [3, T]      ids, positions, cache slots           padding: 0, 0, -1
+    query_start   [R + 3]     request r owns tokens [qs[r], qs[r+1])
+    seq_lens      [R + 2]     tokens with K/V after the step        padding: 1
+    block_tables  [R + 2, W]  rows gathered from the persistent table
+    work          [2, I]      kernel B's items (request, first token) padding: (R + 1, 0)
+
+R is max_num_seqs; request R + 1 is empty (qs[R + 1] = qs[R + 2] = 0), so a padding work
+item owns no tokens and its programs return at once. Work items are MAX_WORK_Q tokens, the
+kernel's tile fixed for every bucket, and a bucket of T tokens has room for
+min(T, R) + T // MAX_WORK_Q + 1 items: the most a step of T tokens can have. Padding
+tokens belong to no request: nothing attends for them and their rows are never read.
+
+A step whose decodes the backend would give split-KV (long contexts beside a small
+prefill) runs eagerly: these graphs attend with kernel B alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from cadence.attention.base import AttentionMetadata
+from cadence.worker.block_tables import BlockTables
+
+logger = logging.getLogger(__name__)
+
+BUCKETS = (16, 32, 64, 128, 256, 512)  # step token counts captured
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def max_items(num_tokens: int, max_reqs: int, work_q: int) -> int:
+    """Kernel-B work items a step of `num_tokens` tokens can need, over any split into
+    at most `max_reqs` requests: sum of ceil(q_r / work_q) <= requests + tokens / work_q."""
+    return min(num_tokens, max_reqs) + num_tokens // work_q + 1
+
+
+class MixedGraphs:
+    def __init__(
+        self,
+        model,
+        backend,
+        device: torch.device,
+        max_tokens: int,
+        max_reqs: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.device = device
+        self.block_size = block_size
+        self.work_q = backend.MIXED_GRAPH_WORK_Q
+        # A budget-filling scheduler makes steps of exactly max_tokens: capture that too.
+        self.sizes = [t for t in BUCKETS if t < max_tokens]
+        if max_tokens <= BUCKETS[-1]:
+            self.sizes.append(max_tokens)
+        self.max_reqs = max_reqs
+        self.empty_req = max_reqs + 1
+        t_max, r = self.sizes[-1], max_reqs
+        self.num_items = {t: max_items(t, r, self.work_q) for t in self.sizes}
+        # Every segment starts 16-byte aligned, as the kernels were compiled for (warm-up
+        # and eager steps pass aligned tensors; an unaligned one is another variant).
+        self.t_pad = _round_up(t_max, 2)
+        self.qs_len = _round_up(r + 3, 2)
+        i_pad = _round_up(self.num_items[t_max], 4)
+        with torch.device(device):
+            # token-level and request-level ints in one buffer: one copy a step
+            self.ints = torch.zeros(3 * self.t_pad + self.qs_len + r + 2, dtype=torch.int64)
+            self.work = torch.zeros((2, i_pad), dtype=torch.int32)
+            self.block_tables = torch.zeros((r + 2, max_blocks_per_seq), dtype=torch.int64)
+        self.tokens = self.ints[: 3 * self.t_pad].view(3, self.t_pad)
+        self.query_start = self.ints[3 * self.t_pad : 3 * self.t_pad + r + 3]
+        self.seq_lens = self.ints[3 * self.t_pad + self.qs_len :]
+        self.t_max = t_max
+        self._reset()
+        self.metas: dict[int, AttentionMetadata] = {}  # kept alive: the graphs read them
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.num_replays = 0
+
+    def _reset(self) -> None:
+        """Every item padding, every token unwritten: a replay that touches nothing."""
+        self.tokens[2].fill_(-1)
+        self.seq_lens.fill_(1)
+        self.work[0].fill_(self.empty_req)
+        self.work[1].fill_(0)
+
+    def _meta(self, size: int) -> AttentionMetadata:
+        n = self.num_items[size]
+        meta = AttentionMetadata(
+            num_tokens=size,
+            query_start_loc=self.query_start,
+            seq_lens=self.seq_lens,
+            slot_mapping=self.tokens[2, :size],
+            block_tables=self.block_tables,
+            query_lens_cpu=[],
+            seq_lens_cpu=[],
+            block_size=self.block_size,
+        )
+        meta.backend_data = self.backend.mixed_graph_plan(self.work[0, :n], self.work[1, :n])
+        return meta
+
+    @torch.inference_mode()
+    def capture(self) -> float:
+        t0 = time.perf_counter()
+        pool = None
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for size in reversed(self.sizes):
+                meta = self.metas[size] = self._meta(size)
+                ids, pos = self.tokens[0, :size], self.tokens[1, :size]
+                self.model(ids, pos, meta)  # warm-up outside the graph
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    self.outputs[size] = self.model(ids, pos, meta)
+                pool = graph.pool()
+                self.graphs[size] = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    def size_for(self, query_lens: np.ndarray, seq_lens: np.ndarray) -> int | None:
+        """The bucket that serves a step, or None (run eagerly)."""
+        num_tokens = int(query_lens.sum())
+        if len(query_lens) > self.max_reqs or num_tokens > self.t_max:
+            return None
+        decodes = query_lens == 1
+        if decodes.any() and self.backend.split_parts(
+            int(decodes.sum()),
+            int(seq_lens[decodes].max()),
+            int(query_lens[~decodes].sum()),
+            self.device,
+        ):
+            return None
+        for size in self.sizes:
+            if size >= num_tokens:
+                return size
+        return None
+
+    def run(
+        self,
+        size: int,
+        tokens: np.ndarray,  # [3, T] int64: ids, positions, slots
+        query_lens: np.ndarray,  # [B] int64
+        seq_lens: np.ndarray,  # [B] int64
+        rows: np.ndarray,  # [B] int64: each request's row of `tables`
+        tables: BlockTables,
+        width: int,
+        fill: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Stage the step's inputs (padded on the host) in pinned memory, copy them into
+        the graph's buffers without blocking, gather the block-table rows, replay.
+        Returns hidden states [T, hidden]."""
+        t, b, r = tokens.shape[1], len(query_lens), self.max_reqs
+        items = -(-query_lens // self.work_q)
+        work_req = np.repeat(np.arange(b), items)
+        first = np.cumsum(items) - items
+        work_qoff = (np.arange(len(work_req)) - first[work_req]) * self.work_q
+        n_items = len(work_req)
+        # One pinned staging buffer: the ints, the work items, the table rows to gather.
+        n_ints, n_work = self.ints.numel(), self.work.numel()
+        host = torch.zeros(n_ints + n_work + b, dtype=torch.int64).pin_memory()
+        h = host.numpy()
+        tok = h[: 3 * self.t_pad].reshape(3, self.t_pad)
+        tok[:, :t] = tokens
+        tok[2, t:] = -1
+        qs = h[3 * self.t_pad : 3 * self.t_pad + r + 3]
+        qs[1 : b + 1] = np.cumsum(query_lens)  # qs[r + 1] = qs[r + 2] = 0: the empty request
+        sl = h[3 * self.t_pad + self.qs_len : n_ints]
+        sl[:] = 1
+        sl[:b] = seq_lens
+        work = h[n_ints : n_ints + n_work].reshape(2, -1)
+        work[0, :] = self.empty_req
+        work[0, :n_items] = work_req
+        work[1, :n_items] = work_qoff
+        h[n_ints + n_work :] = rows
+        staged = host.to(self.device, non_blocking=True)
+        self.ints.copy_(staged[:n_ints])
+        self.work.copy_(staged[n_ints : n_ints + n_work].view(2, -1))
+        self.block_tables[:b, :width] = tables.gather(staged[n_ints + n_work :], width)
+        if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
+            self.tokens[0][fill[0]] = fill[1]
+        self.graphs[size].replay()
+        self.num_replays += 1
+        return self.outputs[size][:t]
