@@ -52,6 +52,7 @@ def main() -> None:
     ap.add_argument("--cases", default="1x8000,8x4000,1x128,64x128,1x32000")
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--cuda-graph-prefill", action="store_true")
     ap.add_argument("--hbm-gbps", type=float, default=None, help="default: measure it")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -73,6 +74,7 @@ def main() -> None:
         dtype="bfloat16",
         skip_tokenizer_init=True,
         enforce_eager=args.enforce_eager,
+        cuda_graph_prefill=args.cuda_graph_prefill,
     )
     start_s = time.perf_counter() - t0
     compiles_at_start = len(COMPILES)

@@ -89,27 +89,30 @@ def sweep_prefill(results: dict, quick: bool, length: int = 8000) -> None:
     flops = 4 * 32 * 128 * length * (length + 1) / 2
     backend = tp.TritonAttentionBackend(num_kv_heads=8)
     defaults = (tp.MAX_BLOCK_M, tp.BLOCK_N, tp.PREFILL_NUM_WARPS, tp.PREFILL_NUM_STAGES)
-    configs = list(itertools.product((64, 128), (64, 128), (4, 8), (2, 3)))
-    if quick:
-        configs = [defaults]
+    two_phase = tp.PREFILL_TWO_PHASE
+    configs = list(itertools.product((64, 128), (64, 128), (4, 8), (2, 3), (True,)))
+    if quick:  # the current tile, with and without the unmasked first phase
+        configs = [(*defaults, True), (*defaults, False), (128, 128, 8, 3, True)]
     rows = []
-    for bm, bn, warps, stages in configs:
+    for bm, bn, warps, stages, phases in configs:
         tp.MAX_BLOCK_M, tp.BLOCK_N, tp.PREFILL_NUM_WARPS, tp.PREFILL_NUM_STAGES = (
             bm,
             bn,
             warps,
             stages,
         )
+        tp.PREFILL_TWO_PHASE = phases
         m = backend.build(meta())
         try:
             us = graph_us(partial(backend.forward, q, k, v, cache, m, SCALE), rep=100)
         except Exception as e:
             print(f"  prefill {bm}x{bn} w{warps} s{stages}: {type(e).__name__}")
             continue
-        rows.append((us, bm, bn, warps, stages))
-        print(f"  prefill {length}: {bm}x{bn} w{warps} s{stages}: {us:8.1f} us "
+        rows.append((us, bm, bn, warps, stages, phases))
+        print(f"  prefill {length}: {bm}x{bn} w{warps} s{stages} two-phase {phases}: {us:8.1f} us "
               f"{flops / us / 1e6:6.1f} TFLOP/s", flush=True)  # fmt: skip
     tp.MAX_BLOCK_M, tp.BLOCK_N, tp.PREFILL_NUM_WARPS, tp.PREFILL_NUM_STAGES = defaults
+    tp.PREFILL_TWO_PHASE = two_phase
     rows.sort()
     best = rows[0]
     print(f"prefill {length} tokens, one layer: best {best[0]:.0f} us = "

@@ -69,6 +69,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     enforce_eager: bool = False  # no CUDA graphs: run every step eagerly
     max_cuda_graph_batch_size: int = 256  # largest decode batch captured in a CUDA graph
+    # Halves a short prompt's time to first token, but measured 3 % slower batch-1 decode
+    # steps (benchmarks/RESULTS.md, issue 13): off by default.
+    cuda_graph_prefill: bool = False  # CUDA graphs of prefill/mixed steps up to 512 tokens
     check_kv_integrity: bool = False  # after every step (tests)
 
     def validate(self) -> None:

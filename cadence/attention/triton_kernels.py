@@ -338,6 +338,7 @@ def paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
+    TWO_PHASE: tl.constexpr,  # the big tile's unmasked first phase
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -374,7 +375,7 @@ def paged_attention_kernel(
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                     stride_cblk, stride_ctok, stride_chead, qk_scale,
                     BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
-                    True,
+                    TWO_PHASE,
                 )  # fmt: skip
         else:
             _attend_rows_and_store(

@@ -75,6 +75,7 @@ MAX_BLOCK_M = 64  # rows (query tokens x group heads) of kernel B's prefill tile
 BLOCK_N = 64  # keys per inner step of kernel B
 PREFILL_NUM_WARPS = 4
 PREFILL_NUM_STAGES = 2
+PREFILL_TWO_PHASE = True  # the prefill tile's unmasked first phase (triton_kernels.attend)
 # Kernel B when every work item is one decode token (decode steps, CUDA graphs), 16-bit
 # caches: (BLOCK_N, num_warps, num_stages) by batch size, from benchmarks/kernel_sweep.py on
 # an H200. Few decodes run few programs, each over its whole context: wide key tiles halve
@@ -392,6 +393,7 @@ class TritonAttentionBackend(AttentionBackend):
                 BLOCK_SIZE=block_size,
                 DOT_PRECISION=precision,
                 DOT_F32=dot_f32,
+                TWO_PHASE=PREFILL_TWO_PHASE,
                 PDL=use_pdl,
                 num_warps=num_warps,
                 num_stages=num_stages,

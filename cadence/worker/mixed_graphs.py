@@ -21,6 +21,12 @@ tokens belong to no request: nothing attends for them and their rows are never r
 
 A step whose decodes the backend would give split-KV (long contexts beside a small
 prefill) runs eagerly: these graphs attend with kernel B alone.
+
+Off by default (`--cuda-graph-prefill` turns it on): on an H200 with Llama-3.1-8B's shape
+it takes a 128-token prompt's time to first token from 12 to 6 ms, but with these graphs
+captured, batch-1 decode steps measured 3 % slower (4.63 against 4.49 ms, the same in
+every lease), with GPU kernel time unchanged. Capture order, sharing the decode graphs'
+memory pool, fewer buckets and a frozen GC did not change it; the cause is not found yet.
 """
 
 from __future__ import annotations
@@ -117,6 +123,7 @@ class MixedGraphs:
 
     @torch.inference_mode()
     def capture(self) -> float:
+        """Capture every bucket (largest first, sharing one pool); returns the seconds."""
         t0 = time.perf_counter()
         pool = None
         stream = torch.cuda.Stream(self.device)

@@ -146,7 +146,11 @@ class ModelRunner:
                 seconds,
             )
         self.mixed_graphs: MixedGraphs | None = None
-        if self.graphs is not None and hasattr(self.backend, "mixed_graph_plan"):
+        if (
+            self.graphs is not None
+            and config.cuda_graph_prefill
+            and hasattr(self.backend, "mixed_graph_plan")
+        ):
             sc = config.scheduler
             self.mixed_graphs = MixedGraphs(
                 self.model,

@@ -16,7 +16,10 @@ synthetic steps reach them all:
 
 The steps run eagerly through the model over a scratch table of the KV pool's blocks 1..n
 (block 0 stays zero, as padded reads expect; the others are free, and a request always
-writes a slot before it reads it). CUDA-graph capture then runs decode steps again; it
+writes a slot before it reads it). The prefill and mixed steps run first (they compile the
+kernels every step shares); on a GPU the decode and split steps, which compile different
+kernels each, then run on threads at once, so their compiles overlap (ptxas runs as a
+subprocess, and Triton's compiler drops the GIL in places). CUDA-graph capture then runs decode steps again; it
 finds their kernels compiled. tests/worker/test_warmup.py records every variant launched
 under Triton's interpreter and checks that a mixed workload after warm-up adds none.
 """
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -98,17 +102,27 @@ def warm_up(runner: ModelRunner) -> float:
     table = torch.arange(1, -(-max_context // bs) + 1, dtype=torch.int64)
     split_min = getattr(backend, "split_min_context", max_context + 1)
     steps = warm_up_steps(sc.max_num_seqs, sc.max_num_batched_tokens, max_context, split_min)
-    hidden = None
-    for reqs in steps:
-        positions, meta = _step_meta(runner, reqs, table)
-        meta = backend.build(meta)
-        if reqs == [(1, split_min)] and not meta.backend_data.split_req.numel():
-            # The rule did not split here (a GPU this batch fills): the graphs may still.
-            if not backend.graph_split_parts(1, runner.device):
-                continue
-            meta.backend_data = backend.decode_plan(1, runner.device, split=True)
-        ids = torch.randint(0, runner.vocab_size, (len(positions),), device=runner.device)
-        hidden = runner.model(ids, positions, meta)
+
+    def run(reqs: list[tuple[int, int]]) -> torch.Tensor | None:
+        with torch.inference_mode():  # (thread-local)
+            positions, meta = _step_meta(runner, reqs, table)
+            meta = backend.build(meta)
+            if reqs == [(1, split_min)] and not meta.backend_data.split_req.numel():
+                # The rule did not split here (a GPU this batch fills): graphs may still.
+                if not backend.graph_split_parts(1, runner.device):
+                    return None
+                meta.backend_data = backend.decode_plan(1, runner.device, split=True)
+            ids = torch.randint(0, runner.vocab_size, (len(positions),), device=runner.device)
+            return runner.model(ids, positions, meta)
+
+    hidden = run(steps[0])
+    run(steps[1])
+    if runner.device.type == "cuda":
+        with ThreadPoolExecutor(max_workers=len(steps) - 2) as pool:
+            list(pool.map(run, steps[2:]))
+    else:  # Triton's interpreter patches triton.language while it runs: one at a time
+        for reqs in steps[2:]:
+            run(reqs)
     rows = min(sc.max_num_seqs, 2)
     logits = runner.model.compute_logits(hidden[:1].expand(rows, -1).contiguous())
     greedy = SamplingBatch(None, None, None, None, all_greedy=True, generators={})

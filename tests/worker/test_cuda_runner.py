@@ -33,7 +33,12 @@ def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf
     expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
     # The synchronous loop here; async scheduling (the CUDA default) has its own test below.
     llm = LLM(
-        path, device="cuda", dtype="float32", num_gpu_blocks_override=512, async_scheduling=False
+        path,
+        device="cuda",
+        dtype="float32",
+        num_gpu_blocks_override=512,
+        async_scheduling=False,
+        cuda_graph_prefill=True,
     )
     assert llm.engine.runner.backend.name == "triton"
     assert generate(llm, prompts) == expected
@@ -46,8 +51,8 @@ def test_graph_replay_gives_the_same_tokens_as_eager(kind, tiny_model_dir):
     path = tiny_model_dir(kind)
     prompts = make_prompts(512, [5, 50, 7, 120, 33, 2, 90, 17, 64, 3], seed=3)
     kw = dict(device="cuda", dtype="bfloat16", num_gpu_blocks_override=512)
-    graphs = LLM(path, **kw)
-    eager = LLM(path, enforce_eager=True, **kw)
+    graphs = LLM(path, cuda_graph_prefill=True, **kw)
+    eager = LLM(path, enforce_eager=True, cuda_graph_prefill=True, **kw)
     assert eager.engine.runner.graphs is None and eager.engine.runner.mixed_graphs is None
     assert generate(graphs, prompts) == generate(eager, prompts)
     assert graphs.engine.runner.mixed_graphs.num_replays > 0
@@ -105,6 +110,7 @@ def test_async_scheduling_by_default_with_graphs_equals_transformers(
     assert llm.config.scheduler.async_scheduling  # the default on CUDA
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.graphs.num_replays > 0
+    assert llm.engine.runner.mixed_graphs is None  # off by default
 
 
 # A model with 4096 positions: contexts past split_min_context (1024) replay the split-KV
@@ -144,6 +150,7 @@ def test_mixed_step_graphs_with_a_small_token_budget_equal_transformers(tiny_mod
         dtype="float32",
         num_gpu_blocks_override=512,
         max_num_batched_tokens=24,
+        cuda_graph_prefill=True,
     )
     assert llm.engine.runner.mixed_graphs.sizes == [16, 24]
     assert generate(llm, prompts) == expected
