@@ -108,6 +108,16 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def work_items(query_lens: torch.Tensor, work_q: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel B's work items for a step's query lengths ([B] int64, on the host): each
+    request's tokens in chunks of work_q. Returns (request, first token within it) per
+    item; a request of 0 tokens has none (callers pass 0 for requests B leaves out)."""
+    items = (query_lens + work_q - 1) // work_q
+    work_req = torch.repeat_interleave(torch.arange(query_lens.numel()), items)
+    first = torch.cumsum(items, 0) - items
+    return work_req, (torch.arange(work_req.numel()) - first[work_req]) * work_q
+
+
 @dataclass
 class TritonPlan:
     """What build() planned for a step; shared by every layer's forward."""
@@ -201,10 +211,7 @@ class TritonAttentionBackend(AttentionBackend):
         in_b = ~split & (qlens > 0)
         max_qlen = int(qlens[in_b].max()) if bool(in_b.any()) else 1
         work_q = min(MAX_WORK_Q, _next_pow2(max_qlen))
-        items = torch.where(in_b, (qlens + work_q - 1) // work_q, 0)
-        work_req = torch.repeat_interleave(torch.arange(num_reqs), items)
-        first = torch.cumsum(items, 0) - items
-        work_qoff = (torch.arange(work_req.numel()) - first[work_req]) * work_q
+        work_req, work_qoff = work_items(torch.where(in_b, qlens, 0), work_q)
         split_req = torch.nonzero(split).flatten()
 
         n_items = work_req.numel()

@@ -70,6 +70,9 @@ class MixedGraphs:
         self.backend = backend
         self.device = device
         self.block_size = block_size
+        from cadence.attention.triton_paged import work_items  # (imports triton: CUDA only)
+
+        self.work_items = work_items  # kernel B's item planning, as build() does it
         self.work_q = backend.MIXED_GRAPH_WORK_Q
         # A budget-filling scheduler makes steps of exactly max_tokens: capture that too.
         self.sizes = [t for t in BUCKETS if t < max_tokens]
@@ -175,10 +178,9 @@ class MixedGraphs:
         the graph's buffers without blocking, gather the block-table rows, replay.
         Returns hidden states [T, hidden]."""
         t, b, r = tokens.shape[1], len(query_lens), self.max_reqs
-        items = -(-query_lens // self.work_q)
-        work_req = np.repeat(np.arange(b), items)
-        first = np.cumsum(items) - items
-        work_qoff = (np.arange(len(work_req)) - first[work_req]) * self.work_q
+        work_req, work_qoff = (
+            t.numpy() for t in self.work_items(torch.from_numpy(query_lens), self.work_q)
+        )
         n_items = len(work_req)
         # One pinned staging buffer: the ints, the work items, the table rows to gather.
         n_ints, n_work = self.ints.numel(), self.work.numel()
