@@ -29,6 +29,8 @@ PHASES = ("schedule", "execute_model", "sample_async", "resolve", "update")
 
 def classify(name: str) -> str:
     n = name.lower()
+    if "nccl" in n or "all_reduce" in n or "allreduce" in n or "symm" in n:
+        return "all-reduce / gather"
     if "attention" in n or "split_kv" in n:
         return "attention"
     if "write_kv" in n:
@@ -171,6 +173,7 @@ def main() -> None:
     ap.add_argument("--hbm-gbps", type=float, default=None, help="measured HBM read GB/s")
     ap.add_argument("--async-scheduling", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="rank 0's view")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -183,6 +186,7 @@ def main() -> None:
         skip_tokenizer_init=True,
         async_scheduling=args.async_scheduling,
         enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     engine = llm.engine
     model = engine.runner.model
@@ -333,6 +337,7 @@ def main() -> None:
     )
     print_step_kernels(table, prof)
     write_json(args.json, result)
+    llm.shutdown()
 
 
 if __name__ == "__main__":

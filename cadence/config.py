@@ -5,6 +5,7 @@ EngineConfig
   cache:     CacheConfig      block size, pool size, prefix caching
   scheduler: SchedulerConfig  token budget, sequence cap, context length
   structured: StructuredOutputsConfig  grammar compile threads, cache, jump-forward
+  parallel:  ParallelConfig   tensor parallelism, which executor runs the workers
 """
 
 from __future__ import annotations
@@ -60,11 +61,25 @@ class StructuredOutputsConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1  # GPUs (or CPU processes) one model is split across
+    # uniproc: in this process (1 rank); mp: one process per rank on this host; ray: Ray
+    # actors placed by a placement group (several hosts). auto: uniproc for 1, else mp.
+    distributed_executor_backend: str = "auto"  # auto | uniproc | mp | ray
+    # Small all-reduces (decode steps) go through a one-shot kernel over peer-mapped
+    # buffers where that measured faster than NCCL; this sends every one to NCCL.
+    disable_custom_all_reduce: bool = False  # every all-reduce through NCCL / gloo
+    # Internal: the port rank 0 listens on for torch.distributed's rendezvous (0: any).
+    distributed_init_port: int = 0  # the TCP port of torch.distributed's rendezvous
+
+
+@dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     enforce_eager: bool = False  # no CUDA graphs: run every step eagerly
@@ -114,6 +129,16 @@ class EngineConfig:
             raise ValueError("grammar_cache_size and grammar_compile_threads must be positive")
         if not st.grammar_compile_timeout > 0:
             raise ValueError("grammar_compile_timeout must be positive")
+        p = self.parallel
+        if p.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {p.tensor_parallel_size}")
+        if p.distributed_executor_backend not in ("auto", "uniproc", "mp", "ray"):
+            raise ValueError(
+                "distributed_executor_backend must be auto, uniproc, mp or ray, got "
+                f"{p.distributed_executor_backend!r}"
+            )
+        if p.distributed_executor_backend == "uniproc" and p.tensor_parallel_size > 1:
+            raise ValueError("the uniproc executor runs one rank: use mp or ray for TP > 1")
         if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
             raise ValueError(f"unknown load_format {self.model.load_format!r}")
 
@@ -125,6 +150,7 @@ class EngineConfig:
             "cache": CacheConfig,
             "scheduler": SchedulerConfig,
             "structured": StructuredOutputsConfig,
+            "parallel": ParallelConfig,
         }
         sub: dict[str, dict] = {k: {} for k in parts}
         top: dict = {}

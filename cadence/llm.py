@@ -35,6 +35,17 @@ class LLM:
 
     # ---- public API -------------------------------------------------------------------
 
+    def shutdown(self) -> None:
+        """Stop the engine's other tensor-parallel ranks (nothing to do with one rank).
+        Also runs when the LLM is used as a context manager."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],

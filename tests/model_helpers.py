@@ -33,6 +33,11 @@ def build_tiny(kind: str):
         )
     if kind == "llama-tied":  # SmolLM-style: tied embeddings
         return tf.LlamaConfig(**TINY, tie_word_embeddings=True), tf.LlamaForCausalLM
+    if kind == "llama-mqa":  # one KV head: fewer KV heads than tensor-parallel ranks
+        return (
+            tf.LlamaConfig(**{**TINY, "num_key_value_heads": 1}, tie_word_embeddings=False),
+            tf.LlamaForCausalLM,
+        )
     if kind == "mistral":
         return tf.MistralConfig(**TINY, sliding_window=None, head_dim=16), tf.MistralForCausalLM
     if kind == "qwen2":

@@ -26,6 +26,7 @@ from cadence.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
+    ParallelConfig,
     SchedulerConfig,
     StructuredOutputsConfig,
 )
@@ -35,11 +36,15 @@ _SECTIONS: tuple[tuple[str, type], ...] = (
     ("cache", CacheConfig),
     ("scheduler", SchedulerConfig),
     ("structured", StructuredOutputsConfig),
+    ("parallel", ParallelConfig),
     ("engine", EngineConfig),
 )
 
 # Set by the engine at start-up, not by users.
-_INTERNAL_FIELDS = {("scheduler", "max_model_len")}
+_INTERNAL_FIELDS = {("scheduler", "max_model_len"), ("parallel", "distributed_init_port")}
+
+# Short spellings users know from vLLM.
+_SHORT_FLAGS = {"tensor_parallel_size": "-tp"}
 
 _SIZE_UNITS = {
     "": 1,
@@ -137,6 +142,7 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
         "cache": parser.add_argument_group("KV cache"),
         "scheduler": parser.add_argument_group("scheduler"),
         "structured": parser.add_argument_group("structured outputs"),
+        "parallel": parser.add_argument_group("parallelism"),
         "engine": parser.add_argument_group("engine"),
     }
     if positional_model:
@@ -148,12 +154,14 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
             help="same as --model",
         )
     for section, f, typ, _optional, help_text in _engine_fields():
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-")]
+        if f.name in _SHORT_FLAGS:
+            flags.insert(0, _SHORT_FLAGS[f.name])
         default = _default(f)
         help_text = help_text or f.name.replace("_", " ")
         if typ is bool:
             groups[section].add_argument(
-                flag,
+                *flags,
                 dest=f.name,
                 action=argparse.BooleanOptionalAction,
                 default=default,
@@ -163,7 +171,7 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
         convert = _FIELD_TYPES.get(f.name, typ)
         shown = "none" if default is None else default
         groups[section].add_argument(
-            flag,
+            *flags,
             dest=f.name,
             type=convert,
             default=default,

@@ -24,9 +24,10 @@ from cadence.config import DEFAULT_BATCHED_TOKENS, EngineConfig
 from cadence.core.kv_cache import KVCacheManager, make_block_hasher
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import RequestUpdate, Scheduler, SchedulerStats
+from cadence.executor import make_executor
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager
-from cadence.worker.model_runner import ModelRunner, pick_device
+from cadence.worker.model_runner import pick_device
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +45,9 @@ class EngineCore:
             # Llama-8B: +5 % at batch 1, +13 % at batch 64). A CPU computes the forward on
             # the calling thread, so there is nothing to overlap.
             config.scheduler.async_scheduling = device == "cuda"
-        self.runner = ModelRunner(config)
+        # The model's ranks behind one interface (one rank in this process, or tensor
+        # parallel ranks elsewhere too); `runner` is the name the loop reads it by.
+        self.runner = make_executor(config)
         cache = config.cache
         pool_tokens = self.runner.num_blocks * cache.block_size
         self.max_model_len = self.runner.max_model_len
@@ -189,9 +192,12 @@ class EngineCore:
         cache is forgotten (a block hashed for the broken step may hold garbage), and the
         runner drops the rows of every request the scheduler no longer knows.
 
-        Raises RuntimeError if the KV accounting is still inconsistent afterwards: the
-        engine cannot be trusted and should exit.
+        Raises RuntimeError if the KV accounting is still inconsistent afterwards, or if
+        the model runs on several ranks (their collectives may be out of step): the engine
+        cannot be trusted and should exit.
         """
+        if not self.runner.recoverable:
+            raise RuntimeError("a tensor-parallel step failed: the ranks may be out of step")
         victims: set[str] = set()
         if self._in_flight is not None:
             self._touched.append(self._in_flight[0])
@@ -323,6 +329,10 @@ class EngineCore:
                 sampled.grammar_done.add(rid)
             elif forced:
                 sampled.forced[rid] = forced
+
+    def shutdown(self) -> None:
+        """Stop the model's other ranks (tensor parallelism); idempotent."""
+        self.runner.shutdown()
 
     def stats(self) -> SchedulerStats:
         stats = self.scheduler.stats()

@@ -38,7 +38,6 @@ hang on demand.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -52,6 +51,7 @@ import zmq
 from cadence.allocator import Trimmer, bound_onednn_cache, limit_arenas
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
+from cadence.process import die_with_parent
 
 if TYPE_CHECKING:
     from cadence.engine.core import EngineCore
@@ -62,7 +62,6 @@ IDLE_POLL_MS = 1000  # with no work: wake up this often to check on the parent
 MAX_CONSECUTIVE_STEP_FAILURES = 3
 SEND_TIMEOUT_S = 60.0  # a send to the API server that waits longer: the server is gone
 SEND_HWM = 1000  # messages queued towards the API server before a send waits
-PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 class EngineExit(Exception):
@@ -71,19 +70,6 @@ class EngineExit(Exception):
     def __init__(self, code: int, why: str) -> None:
         super().__init__(why)
         self.code = code
-
-
-def die_with_parent(parent_pid: int) -> bool:
-    """Ask the kernel to SIGKILL this process when its parent thread dies (Linux only).
-    Returns False if the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-                logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
-        except (OSError, AttributeError) as e:
-            logger.warning("prctl(PR_SET_PDEATHSIG) unavailable: %s", e)
-    return os.getppid() == parent_pid
 
 
 def run_engine_core(
@@ -132,6 +118,11 @@ def run_engine_core(
 def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> int:
     from cadence.engine.core import EngineCore  # here: the torch-heavy part of start-up
     from cadence.engine.faults import install_from_env
+    from cadence.executor.distributed import DistributedExecutor
+
+    # A dead tensor-parallel rank ends this process at once; the API server then fails
+    # every request and exits non-zero (a supervisor restarts the whole server).
+    DistributedExecutor.exit_on_rank_death = True
 
     try:
         core = EngineCore(config)
@@ -151,7 +142,10 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
         config.cache.block_size,
     )
     send_or_exit(outbox, P.encoder.encode(ready))
-    code = EngineLoop(core, inbox, outbox, parent_pid).run()
+    try:
+        code = EngineLoop(core, inbox, outbox, parent_pid).run()
+    finally:
+        core.shutdown()
     if core.grammars.shutdown():
         # A compile thread is still inside xgrammar (one given up on): when it returns during
         # interpreter teardown the C++ runtime aborts the process. Leave without teardown.

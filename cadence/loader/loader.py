@@ -81,7 +81,10 @@ def resolve_dtype(dtype: str, config, device: torch.device) -> torch.dtype:
     return cfg_dtype
 
 
-def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(path: str) -> Iterator[tuple[str, object]]:
+    """(name, slice) for every tensor of the checkpoint's files. A slice reads from disk only
+    the rows or columns it is indexed with (`s[a:b]`, `s[:, a:b]`, `s[:]` for all), so a
+    tensor-parallel rank reads its shard, not the whole tensor. Use each before the next."""
     from safetensors import safe_open
 
     files = sorted(Path(path).glob("*.safetensors"))
@@ -90,7 +93,7 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
             for name in sf.keys():  # noqa: SIM118 (safe_open is no dict)
-                yield name, sf.get_tensor(name)
+                yield name, sf.get_slice(name)
 
 
 def load_model(
@@ -123,7 +126,7 @@ def load_model(
             else:
                 p.data.uniform_(-0.02, 0.02, generator=gen)
     else:
-        model.load_weights((n, t.to(dtype)) for n, t in iter_safetensors(path))
+        model.load_weights(iter_safetensors(path))  # copy_ casts each shard to the model's dtype
     model.eval()
     logger.info(
         "loaded %s (%s, %.2f GiB of weights) in %.1f s",

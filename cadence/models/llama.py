@@ -4,6 +4,10 @@ Qwen3 specialise: a decoder of pre-norm blocks with fused QKV and gate-up projec
 Differences between the families are constructor switches, not branches in forward:
     qkv_bias      Qwen2 (q/k/v projections carry a bias)
     qk_norm       Qwen3 (an RMSNorm over each head of q and k, before rotary)
+
+Under tensor parallelism each rank builds the same model with its share of the heads and
+of the MLP's columns (cadence/layers/linear.py says who holds what); the only
+communication is inside the parallel layers (o_proj, down_proj, the embedding, logits).
 """
 
 from __future__ import annotations
@@ -14,7 +18,17 @@ import torch
 from torch import nn
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
+from cadence.distributed.communication import all_reduce
+from cadence.distributed.parallel_state import get_tp
 from cadence.layers.activation import SiluAndMul
+from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from cadence.layers.linear import (
+    ColumnParallelLinear,
+    ColumnShard,
+    RowParallelLinear,
+    divide,
+    shape_of,
+)
 from cadence.layers.norm import RMSNorm
 from cadence.layers.rotary import RotaryEmbedding
 
@@ -28,18 +42,26 @@ class Attention(nn.Module):
         qk_norm: bool,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
+        # This rank's heads (all of them with one rank).
+        self.num_heads = divide(total_heads, get_tp().size, "the number of attention heads")
+        q_shard = ColumnShard.split(total_heads * self.head_dim, "the number of attention heads")
+        kv_shard = ColumnShard.for_kv_heads(total_kv_heads, self.head_dim)
+        self.num_kv_heads = kv_shard.count // self.head_dim
+        self.q_size = q_shard.count
+        self.kv_size = kv_shard.count
         self.scale = self.head_dim**-0.5
         bias = qkv_bias or bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(
-            self.q_size,
+        self.qkv_proj = ColumnParallelLinear(
+            config.hidden_size, [q_shard, kv_shard, kv_shard], bias=bias
+        )
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim,
             config.hidden_size,
             bias=bool(getattr(config, "attention_bias", False)) and not qkv_bias,
+            what="the number of attention heads",
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
@@ -58,7 +80,7 @@ class Attention(nn.Module):
         out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale, cos_sin)
         out = out.reshape(-1, self.q_size)
         if (gemv := _batch1_gemv(out, self.o_proj.weight, "o")) is not None:
-            return gemv.gemv(out, self.o_proj.weight, self.o_proj.bias)
+            return all_reduce(gemv.gemv(out, self.o_proj.weight, self.o_proj.local_bias))
         return self.o_proj(out)
 
 
@@ -68,15 +90,18 @@ class MLP(nn.Module):
         if getattr(config, "hidden_act", "silu") not in ("silu", "swish"):
             raise ValueError(f"unsupported activation {config.hidden_act!r}")
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        inter = config.intermediate_size
+        shard = ColumnShard.split(inter, "intermediate_size")
+        self.gate_up_proj = ColumnParallelLinear(config.hidden_size, [shard, shard], bias=bias)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias, "intermediate_size")
         self.act = SiluAndMul()
 
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(silu(gate) * up) from the projected gate_up [T, 2 * intermediate]."""
-        if (gemv := _batch1_gemv(gate_up, self.down_proj.weight, "down")) is not None:
-            return gemv.silu_mul_gemv(gate_up, self.down_proj.weight, self.down_proj.bias)
-        return self.down_proj(self.act(gate_up))
+        down = self.down_proj
+        if (gemv := _batch1_gemv(gate_up, down.weight, "down")) is not None:
+            return all_reduce(gemv.silu_mul_gemv(gate_up, down.weight, down.local_bias))
+        return down(self.act(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -113,7 +138,7 @@ def _batch1_gemv(x: torch.Tensor, weight: torch.Tensor, projection: str):
     return gemv if projection in gemv.FUSED_PROJECTIONS else None
 
 
-def _norm_linear(x, residual, norm: RMSNorm, linear: nn.Linear, projection: str):
+def _norm_linear(x, residual, norm: RMSNorm, linear: ColumnParallelLinear, projection: str):
     """(linear(norm(x + residual)), x + residual); the first layer has no residual yet
     (then it is x). One kernel at batch 1 where the fused gemv serves."""
     if (gemv := _batch1_gemv(x, linear.weight, projection)) is not None:
@@ -146,7 +171,7 @@ class LlamaForCausalLM(nn.Module):
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         self.rotary = RotaryEmbedding(config, head_dim, max_position)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, backend, self.qkv_bias, self.qk_norm)
             for _ in range(config.num_hidden_layers)
@@ -156,7 +181,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = (
             None
             if self.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            else ParallelLMHead(config.vocab_size, config.hidden_size)
         )
 
     def attention_layers(self) -> list[Attention]:
@@ -175,8 +200,9 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return hidden @ weight.t()
+        """Logits over the whole vocabulary (gathered from every rank's share)."""
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return head.logits(hidden)
 
     # ---- weights ----------------------------------------------------------------------
 
@@ -189,56 +215,43 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, object]]) -> None:
+        """Load (name, tensor or safetensors slice) pairs in the checkpoint's naming. Each
+        parallel layer copies only its rank's rows or columns; others are replicated."""
+        modules = dict(self.named_modules())
         params = dict(self.named_parameters())
         loaded: set[str] = set()
-        for name, tensor in weights:
+        for name, source in weights:
             name = name.removeprefix("model.")
             if "rotary_emb.inv_freq" in name:
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding serves
-            for piece, (fused, shard) in self._fused.items():
+            shard = 0
+            for piece, (fused, index) in self._fused.items():
                 if f".{piece}." in name:
-                    target = name.replace(piece, fused)
-                    if target not in params:
-                        raise ValueError(f"unexpected weight {name!r}")
-                    self._load_shard(params[target], tensor, fused, shard)
-                    loaded.add(f"{target}#{shard}")
+                    name, shard = name.replace(piece, fused), index
                     break
+            owner, _, kind = name.rpartition(".")
+            module = modules.get(owner)
+            if name not in params or module is None:
+                raise ValueError(f"unexpected weight {name!r} in the checkpoint")
+            if hasattr(module, "load"):  # a parallel layer: it takes its own shard
+                module.load(kind, source, shard)
             else:
-                if name not in params:
-                    raise ValueError(f"unexpected weight {name!r} in the checkpoint")
                 param = params[name]
-                if param.shape != tensor.shape:
+                if shape_of(source) != tuple(param.shape):
                     raise ValueError(
-                        f"{name}: checkpoint shape {tuple(tensor.shape)} != model's {tuple(param.shape)}"
+                        f"{name}: checkpoint shape {shape_of(source)} != model's {tuple(param.shape)}"
                     )
-                param.data.copy_(tensor)
-                loaded.add(name)
+                param.data.copy_(source[:])
+            loaded.add(f"{name}#{shard}")
         missing = []
         for name in params:
-            if name.endswith(("qkv_proj.weight", "qkv_proj.bias")):
-                need = [f"{name}#{i}" for i in range(3)]
-            elif name.endswith(("gate_up_proj.weight", "gate_up_proj.bias")):
-                need = [f"{name}#{i}" for i in range(2)]
-            else:
-                need = [name]
-            missing += [n for n in need if n not in loaded]
+            owner = modules[name.rpartition(".")[0]]
+            shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1
+            missing += [name for i in range(shards) if f"{name}#{i}" not in loaded]
         if missing:
             raise ValueError(
                 f"checkpoint lacks weights: {missing[:5]}{' …' if len(missing) > 5 else ''}"
             )
-
-    def _load_shard(
-        self, param: nn.Parameter, tensor: torch.Tensor, fused: str, shard: int
-    ) -> None:
-        attn = self.layers[0].self_attn
-        if fused == "qkv_proj":
-            sizes = [attn.q_size, attn.kv_size, attn.kv_size]
-        else:
-            sizes = [param.shape[0] // 2] * 2
-        start = sum(sizes[:shard])
-        if tensor.shape[0] != sizes[shard] or tensor.shape[1:] != param.shape[1:]:
-            raise ValueError(f"{fused} shard {shard}: bad shape {tuple(tensor.shape)}")
-        param.data[start : start + sizes[shard]].copy_(tensor)

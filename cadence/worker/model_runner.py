@@ -20,6 +20,10 @@ from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
+from cadence.distributed.communication import broadcast_, min_over_ranks
+from cadence.distributed.one_shot import ONE_SHOT_MAX_BYTES
+from cadence.distributed.parallel_state import enable_one_shot, get_tp
+from cadence.layers.linear import local_kv_heads
 from cadence.layers.sampler import Sampler, SamplerOutput
 from cadence.loader.hf_config import generation_eos_ids
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
@@ -87,12 +91,19 @@ def pick_device(name: str) -> torch.device:
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    """One rank's runner. With tensor parallelism every rank runs one, on the same deltas
+    in the same order (the executor sees to that); each holds its shard of the model and
+    of the KV cache (its KV heads), and rank 0 alone samples: the others receive its
+    tokens (a broadcast) for the next step's inputs."""
+
+    def __init__(self, config: EngineConfig, model_path: str | None = None) -> None:
         self.config = config
         mc = config.model
-        self.device = pick_device(config.device)
+        tp = get_tp()
+        self.is_driver = tp.is_driver
+        self.device = tp.device if tp.size > 1 else pick_device(config.device)
         torch.manual_seed(mc.seed)
-        self.model_path = resolve_model_path(mc.model)
+        self.model_path = model_path or resolve_model_path(mc.model)
         self.hf_config = load_hf_config(self.model_path)
         self.dtype = resolve_dtype(mc.dtype, self.hf_config, self.device)
         model_max = int(getattr(self.hf_config, "max_position_embeddings", 2048))
@@ -112,6 +123,8 @@ class ModelRunner:
             mc.load_format,
             mc.seed,
         )
+        if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
+            enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)
         self.vocab_size = int(self.hf_config.vocab_size)
         self.eos_token_ids = eos_token_ids(self.model_path, self.hf_config)
         self.block_size = config.cache.block_size
@@ -168,6 +181,17 @@ class ModelRunner:
                 seconds,
             )
 
+    def release_graphs(self) -> None:
+        """Free the CUDA graphs (shutdown): graphs that captured NCCL collectives keep the
+        communicator busy, and leaving the process group would wait on them forever."""
+        self.graphs = self.mixed_graphs = None
+        if self.device.type == "cuda":
+            import gc
+
+            gc.collect()
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+
     def _make_backend(self, name: str) -> AttentionBackend:
         if name == "auto":
             name = "triton" if self.device.type == "cuda" else "torch"
@@ -178,7 +202,8 @@ class ModelRunner:
         from cadence.attention.triton_paged import TritonAttentionBackend
 
         kv_heads = getattr(self.hf_config, "num_key_value_heads", None)
-        return TritonAttentionBackend(num_kv_heads=kv_heads or self.hf_config.num_attention_heads)
+        kv_heads = local_kv_heads(kv_heads or self.hf_config.num_attention_heads)
+        return TritonAttentionBackend(num_kv_heads=kv_heads)
 
     def _use_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.enforce_eager:
@@ -211,7 +236,8 @@ class ModelRunner:
             budget = profile_cuda_memory(self)
         else:
             budget = cc.kv_cache_memory or DEFAULT_CPU_KV_BYTES
-        n = int(budget // per_block)
+        # Every rank must hold the same blocks: the smallest pool any of them can.
+        n = min_over_ranks(int(budget // per_block))
         if n < 1:
             raise ValueError(
                 f"no room for KV blocks: {budget / 2**30:.2f} GiB left, {per_block} bytes a block"
@@ -406,13 +432,18 @@ class ModelRunner:
         rids, logits = model_out.sample_ids, model_out.logits
         if not rids:
             return None
-        batch = build_sampling_batch(
-            [self.requests[r] for r in rids], self.device, self.vocab_size, self.eos_token_ids
-        )
-        if grammar_bitmask is not None:
-            # (pin_memory copies it, so the manager may refill its buffer next step)
-            batch.allowed_bitmask = to_device(grammar_bitmask, self.device)
-        out = self.sampler(logits, batch)
+        if self.is_driver:
+            batch = build_sampling_batch(
+                [self.requests[r] for r in rids], self.device, self.vocab_size, self.eos_token_ids
+            )
+            if grammar_bitmask is not None:
+                # (pin_memory copies it, so the manager may refill its buffer next step)
+                batch.allowed_bitmask = to_device(grammar_bitmask, self.device)
+            out = self.sampler(logits, batch)
+            broadcast_(out.token_ids)  # the other ranks' next inputs (tensor parallelism)
+        else:  # rank 0 samples; this rank takes its tokens
+            tokens = torch.empty(len(rids), dtype=torch.int64, device=self.device)
+            out = SamplerOutput(broadcast_(tokens))
         self._last_tokens = out.token_ids
         self._last_rows = {rid: i for i, rid in enumerate(rids)}
         for rid in rids:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cadence.attention.base import AttentionMetadata
+from cadence.distributed.parallel_state import get_tp
 from cadence.layers.sampler import SamplingBatch
 
 if TYPE_CHECKING:
@@ -117,7 +118,8 @@ def warm_up(runner: ModelRunner) -> float:
 
     hidden = run(steps[0])
     run(steps[1])
-    if runner.device.type == "cuda":
+    if runner.device.type == "cuda" and get_tp().size == 1:
+        # (Not with tensor parallelism: each rank must issue its collectives in one order.)
         with ThreadPoolExecutor(max_workers=len(steps) - 2) as pool:
             list(pool.map(run, steps[2:]))
     else:  # Triton's interpreter patches triton.language while it runs: one at a time

@@ -1,0 +1,94 @@
+"""The seam between the engine core and the model's ranks: one Executor per engine.
+
+The core calls it once per step, exactly as it would call a ModelRunner:
+
+    out     = executor.execute_model(sched)    every rank applies the deltas, runs forward
+    pending = executor.sample_async(out, mask) rank 0 samples; the others receive its ids
+    sampled = executor.resolve(pending)        rank 0's ids on the host (the others mirror)
+
+Rank 0 always runs in the caller's process (`driver`): it holds the logits, samples, and
+is what the core reads results from, so one rank adds no hop. Executors differ only in
+where the other ranks live: nowhere (`uniproc`), processes of this host (`mp`), or Ray
+actors anywhere in a Ray cluster (`ray`). The scheduler does not know which one runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cadence.core.scheduler import SampledTokens, SchedulerOutput
+
+if TYPE_CHECKING:
+    import torch
+
+    from cadence.worker.model_runner import ModelOutput, ModelRunner, PendingSample
+
+
+class Executor:
+    driver: ModelRunner
+
+    def __getattr__(self, name: str):
+        """Anything else (dtype, device, model, backend, graphs, ...) is rank 0's runner's:
+        for benchmarks, tools and tests that inspect the model. The core uses only what
+        is spelled out below."""
+        if name == "driver":  # not built yet (or failed to be)
+            raise AttributeError(name)
+        return getattr(self.driver, name)
+
+    # ---- what the core reads about the model (rank 0's view) ---------------------------
+
+    @property
+    def num_blocks(self) -> int:
+        return self.driver.num_blocks
+
+    @property
+    def max_model_len(self) -> int:
+        return self.driver.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.driver.vocab_size
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.driver.eos_token_ids
+
+    @property
+    def model_path(self) -> str:
+        return self.driver.model_path
+
+    @property
+    def requests(self) -> dict:
+        return self.driver.requests
+
+    @property
+    def recoverable(self) -> bool:
+        """Whether the engine may go on after a step raised. With one rank it may (the
+        core ends that step's requests); with several, the ranks may be out of step in
+        their collectives, which nothing can repair."""
+        return True
+
+    # ---- one step ------------------------------------------------------------------------
+
+    def execute_model(self, sched: SchedulerOutput) -> ModelOutput:
+        raise NotImplementedError
+
+    def sample_async(
+        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
+    ) -> PendingSample | None:
+        raise NotImplementedError
+
+    def resolve(self, pending: PendingSample | None) -> SampledTokens:
+        raise NotImplementedError
+
+    def sample(
+        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
+    ) -> SampledTokens:
+        return self.resolve(self.sample_async(model_out, grammar_bitmask))
+
+    def execute(self, sched: SchedulerOutput) -> SampledTokens:
+        """Forward pass and sampling with no grammar masks (tests and simple callers)."""
+        return self.sample(self.execute_model(sched))
+
+    def shutdown(self) -> None:
+        """Stop the other ranks and leave the process group. Idempotent."""

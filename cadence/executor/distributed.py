@@ -1,0 +1,205 @@
+"""Rank 0 in this process, ranks 1..N-1 elsewhere: what the mp and Ray executors share.
+
+    start the other ranks (subclass: processes, or Ray actors)    they join the group
+    join the group as rank 0; build rank 0's runner               collectives pair up
+    wait for every rank's "ready"
+    each step: ops to every rank (step_channel.py), then rank 0's own call
+
+A rank that dies takes the engine down, never into a hang: a watchdog thread learns of
+the death at once (the process's exit, or the Ray task's end). The next call raises; a
+call blocked in a collective with the dead rank raises on its own with gloo, and with
+NCCL (which would wait out its timeout) the process exits after DEATH_GRACE_S. The
+server's engine process exits at once (`exit_on_rank_death`): the API server then fails
+every request and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager, suppress
+
+from cadence.config import EngineConfig
+from cadence.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from cadence.executor.base import Executor
+from cadence.executor.step_channel import StepChannel
+from cadence.executor.worker import WorkerSpec
+from cadence.layers.linear import check_shardable
+from cadence.loader.loader import load_hf_config, resolve_model_path
+from cadence.worker.model_runner import ModelRunner, pick_device
+
+logger = logging.getLogger(__name__)
+
+DEATH_GRACE_S = 5.0
+READY_TIMEOUT_S = 600.0
+
+
+def worker_view(sched):
+    """The scheduler output without the core's Request objects (ranks need only deltas)."""
+    import dataclasses
+
+    return dataclasses.replace(sched, requests={})
+
+
+class DistributedExecutor(Executor):
+    # Set by the server's engine process: a dead rank ends the process at once.
+    exit_on_rank_death = False
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.size = config.parallel.tensor_parallel_size
+        self.device_type = pick_device(config.device).type
+        self._dead: str | None = None
+        self._in_call = False
+        self._closed = False
+        self._broken = False
+        model_path = resolve_model_path(config.model.model)  # a GGUF converts here, once
+        check_shardable(load_hf_config(model_path), self.size)  # before starting any rank
+        host = self._host()
+        self.channel = StepChannel(self.size - 1, host, self._check_alive)
+        port = config.parallel.distributed_init_port or _free_port(host)
+        init_method = f"tcp://{host}:{port}"
+        specs = [
+            WorkerSpec(
+                config,
+                rank,
+                self.size,
+                self._worker_device(rank),
+                init_method,
+                self.channel.step_addrs[rank - 1],
+                self.channel.control_addr,
+                model_path,
+                log_level=logging.getLogger("cadence").getEffectiveLevel(),
+            )
+            for rank in range(1, self.size)
+        ]
+        try:
+            self._launch(specs)
+            threading.Thread(target=self._watch, name="cadence-rank-watchdog", daemon=True).start()
+            with self._call():
+                init_tensor_parallel(0, self.size, self._driver_device(), init_method)
+                self.driver = ModelRunner(config, model_path)
+            self.channel.wait_ready(READY_TIMEOUT_S, self._check_alive)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info("%d tensor-parallel ranks ready (%s)", self.size, type(self).__name__)
+
+    # ---- what subclasses provide -------------------------------------------------------
+
+    def _host(self) -> str:
+        """The address the other ranks reach this process at."""
+        raise NotImplementedError
+
+    def _driver_device(self):
+        raise NotImplementedError
+
+    def _worker_device(self, rank: int) -> str:
+        raise NotImplementedError
+
+    def _launch(self, specs: list[WorkerSpec]) -> None:
+        raise NotImplementedError
+
+    def _wait_for_death(self) -> str | None:
+        """Block until a rank ends; its description, or None if we are shutting down."""
+        raise NotImplementedError
+
+    def _stop_ranks(self) -> None:
+        """After "shutdown" was sent: wait briefly for the ranks to exit, then kill them."""
+        raise NotImplementedError
+
+    # ---- one step ----------------------------------------------------------------------
+
+    @property
+    def recoverable(self) -> bool:
+        return False
+
+    def execute_model(self, sched):
+        self._check_alive()
+        self.channel.send(("exec", worker_view(sched)))
+        with self._call():
+            return self.driver.execute_model(sched)
+
+    def sample_async(self, model_out, grammar_bitmask=None):
+        with self._call():
+            return self.driver.sample_async(model_out, grammar_bitmask)
+
+    def resolve(self, pending):
+        if pending is not None:
+            self.channel.send(("resolve",), now=False)
+        with self._call():
+            return self.driver.resolve(pending)
+
+    @contextmanager
+    def _call(self):
+        self._check_alive()
+        self._in_call = True
+        try:
+            yield
+        except BaseException:
+            self._broken = True
+            self._check_alive()  # a dead rank is the better explanation
+            raise
+        finally:
+            self._in_call = False
+
+    def _check_alive(self) -> None:
+        if self._dead is not None:
+            raise RuntimeError(f"a tensor-parallel rank died: {self._dead}")
+
+    # ---- death and shutdown ------------------------------------------------------------
+
+    def _watch(self) -> None:
+        why = self._wait_for_death()
+        if why is None or self._closed:
+            return
+        reported = self.channel_error()
+        self._dead = f"{why}{f' ({reported})' if reported else ''}"
+        logger.error("tensor-parallel %s; the engine cannot go on", self._dead)
+        if self.exit_on_rank_death:
+            logging.shutdown()
+            os._exit(1)
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while time.monotonic() < deadline:
+            if not self._in_call:
+                return  # the next call raises
+            time.sleep(0.05)
+        logger.critical(
+            "rank 0 is still blocked on the dead rank after %.0f s: exiting", DEATH_GRACE_S
+        )
+        logging.shutdown()
+        os._exit(1)
+
+    def channel_error(self) -> str | None:
+        try:
+            return self.channel.last_error()
+        except Exception:  # the channel may be closing
+            return None
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        graceful = not (self._broken or self._dead)
+        with suppress(Exception):
+            self.channel.send(("shutdown",), block=False)
+        try:
+            # The ranks leave the group as they read "shutdown"; rank 0 leaves with them.
+            if graceful and getattr(self, "driver", None) is not None:
+                self.driver.release_graphs()
+            destroy_tensor_parallel(graceful=graceful)
+        finally:
+            try:
+                self._stop_ranks()
+            finally:
+                self.channel.close()
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

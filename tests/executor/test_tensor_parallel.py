@@ -1,0 +1,87 @@
+"""Tensor parallelism on the CPU: two ranks over gloo (the `mp` executor: rank 0 in this
+process, rank 1 a child process) give transformers' greedy tokens in float32, and the
+same tokens as one rank, for every architecture, with KV heads split and replicated, and
+with what the engine does around the model (chunked prefill, preemption, the prefix cache,
+async scheduling, structured outputs)."""
+
+from __future__ import annotations
+
+import pytest
+from tp_helpers import CPU, greedy, hf_reference, prompts_for, save_tiny_with_tokenizer
+
+from cadence import LLM, SamplingParams
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "qwen3", "llama-mqa"])
+def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_model):
+    # llama-mqa has one KV head: both ranks hold a replica of it.
+    path = tiny_model_dir(kind)
+    prompts = prompts_for(path)
+    expected = hf_reference(hf_model(path), prompts)
+    with LLM(path, **CPU) as one:
+        assert greedy(one, prompts) == expected
+    with LLM(path, tensor_parallel_size=2, **CPU) as two:
+        assert type(two.engine.runner).__name__ == "MultiprocExecutor"
+        assert two.engine.runner.model.layers[0].self_attn.num_heads == 2  # 4 heads / 2
+        assert greedy(two, prompts) == expected
+
+
+def test_engine_features_under_tp(tiny_model_dir, hf_model):
+    """One 2-rank engine through chunked prefill, preemption, prefix-cache hits and async
+    scheduling (rank 0 resolves a step after launching the next; rank 1 must mirror it)."""
+    path = tiny_model_dir("llama")
+    prompts = prompts_for(path) + prompts_for(path)[:1]  # the repeat hits the prefix cache
+    expected = hf_reference(hf_model(path), prompts, 24)
+    with LLM(
+        path,
+        tensor_parallel_size=2,
+        max_num_batched_tokens=16,  # prompts of 17 and 40 tokens prefill in chunks
+        num_gpu_blocks_override=8,  # 128 tokens for 4 requests of up to 64: preemptions
+        async_scheduling=True,
+        **CPU,
+    ) as llm:
+        assert greedy(llm, prompts, 24) == expected
+        stats = llm.engine.stats()
+        assert stats.num_preemptions > 0
+        assert stats.prefix_hits > 0
+
+
+def test_structured_outputs_and_sampling_under_tp(tmp_path):
+    """Rank 0 applies the grammar's mask and samples (seeded); rank 1 takes its tokens."""
+    path = save_tiny_with_tokenizer(str(tmp_path / "tiny-tok"))
+    regex = SamplingParams(
+        max_tokens=16, temperature=0.0, structured_outputs={"regex": r"[a-z]{3,8} [0-9]{2}"}
+    )
+    seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    runs = []
+    for tp in (1, 2):
+        with LLM(path, tensor_parallel_size=tp, **CPU) as llm:
+            outs = llm.generate(["Name a fruit and a number:"] * 2, [regex, seeded], use_tqdm=False)
+            runs.append([o.outputs[0].token_ids for o in outs])
+            text = outs[0].outputs[0].text
+    assert runs[0] == runs[1]
+    import re
+
+    assert re.fullmatch(r"[a-z]{3,8} [0-9]{2}", text), text
+
+
+def test_bad_tensor_parallel_sizes_are_refused(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    with pytest.raises(ValueError, match="divisible by the tensor-parallel size 3"):
+        LLM(path, tensor_parallel_size=3, **CPU)
+    with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
+        LLM(path, tensor_parallel_size=0, **CPU)
+    with pytest.raises(ValueError, match="uniproc executor runs one rank"):
+        LLM(path, tensor_parallel_size=2, distributed_executor_backend="uniproc", **CPU)
+
+
+@pytest.mark.slow
+def test_gguf_model_over_three_ranks():
+    """The default model (a GGUF file, converted once by rank 0) split over 3 ranks: its 9
+    query heads, 3 KV heads and 1,536 MLP columns by 3. Same tokens as one rank."""
+    prompts = [[1, 504, 3458, 314, 260], [1, 11658, 28, 638, 429, 346, 47, 2]]
+    with LLM(None, **CPU) as one:
+        expected = greedy(one, prompts, 8)
+    with LLM(None, tensor_parallel_size=3, **CPU) as three:
+        assert three.engine.runner.model.layers[0].self_attn.num_kv_heads == 1
+        assert greedy(three, prompts, 8) == expected
