@@ -20,6 +20,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def children(pid: int) -> list[tuple[int, bytes]]:
+    """(pid, command line) of each child process of `pid` (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == pid:
+            out.append((int(entry), cmd))
+    return out
+
+
 class Server:
     def __init__(self, args: list[str], env: dict | None = None) -> None:
         self.port = free_port()
@@ -46,18 +64,9 @@ class Server:
 
     def engine_pid(self) -> int:
         """The engine core process: the child of the server named cadence::engine."""
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if ppid == self.proc.pid and b"cadence::engine" in cmd:
-                return int(pid)
+        for pid, cmd in children(self.proc.pid):
+            if b"cadence::engine" in cmd:
+                return pid
         raise LookupError("no engine process")
 
     def stop(self) -> None:

@@ -12,25 +12,8 @@ import textwrap
 import time
 
 import httpx
-from server_helper import Server
+from server_helper import Server, children
 from tp_helpers import save_tiny_with_tokenizer
-
-
-def _children(pid: int) -> list[tuple[int, bytes]]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if ppid == pid:
-            out.append((int(entry), cmd))
-    return out
 
 
 def test_offline_call_raises_after_a_rank_dies(tiny_model_dir):
@@ -70,8 +53,8 @@ def test_server_fails_requests_and_exits_nonzero_when_a_rank_dies(tmp_path):
         body = {"model": path, "prompt": "Hello", "max_tokens": 4}
         assert http.post("/v1/completions", json=body).status_code == 200
         engine = srv.engine_pid()
-        ranks = [pid for pid, cmd in _children(engine) if b"cadence::tp1" in cmd]
-        assert len(ranks) == 1, _children(engine)
+        ranks = [pid for pid, cmd in children(engine) if b"cadence::tp1" in cmd]
+        assert len(ranks) == 1, children(engine)
         os.kill(ranks[0], signal.SIGKILL)
         deadline = time.monotonic() + 60
         while srv.proc.poll() is None and time.monotonic() < deadline:

@@ -6,6 +6,8 @@ async scheduling, structured outputs)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from tp_helpers import CPU, greedy, hf_reference, prompts_for, save_tiny_with_tokenizer
 
@@ -46,23 +48,38 @@ def test_engine_features_under_tp(tiny_model_dir, hf_model):
         assert stats.prefix_hits > 0
 
 
-def test_structured_outputs_and_sampling_under_tp(tmp_path):
-    """Rank 0 applies the grammar's mask and samples (seeded); rank 1 takes its tokens."""
+def test_structured_outputs_sampling_and_logprobs_under_tp(tmp_path):
+    """Rank 0 applies the grammar's mask, samples (seeded) and computes logprobs (prompt
+    logprobs need every rank's logits: the ranks compute them together); rank 1 takes its
+    tokens. Everything equals one rank's."""
     path = save_tiny_with_tokenizer(str(tmp_path / "tiny-tok"))
     regex = SamplingParams(
         max_tokens=16, temperature=0.0, structured_outputs={"regex": r"[a-z]{3,8} [0-9]{2}"}
     )
     seeded = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    lps = SamplingParams(max_tokens=6, temperature=0.0, logprobs=2, prompt_logprobs=1)
     runs = []
     for tp in (1, 2):
         with LLM(path, tensor_parallel_size=tp, **CPU) as llm:
-            outs = llm.generate(["Name a fruit and a number:"] * 2, [regex, seeded], use_tqdm=False)
-            runs.append([o.outputs[0].token_ids for o in outs])
-            text = outs[0].outputs[0].text
-    assert runs[0] == runs[1]
-    import re
-
+            outs = llm.generate(
+                ["Name a fruit and a number:"] * 3, [regex, seeded, lps], use_tqdm=False
+            )
+            runs.append(outs)
+    one, two = runs
+    for a, b in zip(one, two):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    text = two[0].outputs[0].text
     assert re.fullmatch(r"[a-z]{3,8} [0-9]{2}", text), text
+    for a, b in zip(one[2].outputs[0].logprobs, two[2].outputs[0].logprobs):
+        assert a.keys() == b.keys()
+        for tid in a:
+            assert abs(a[tid] - b[tid]) < 1e-4
+    prompt_one = [p for p in one[2].prompt_logprobs if p]
+    prompt_two = [p for p in two[2].prompt_logprobs if p]
+    assert len(prompt_one) == len(prompt_two) > 0
+    for a, b in zip(prompt_one, prompt_two):
+        assert a.keys() == b.keys()
+        assert all(abs(a[t] - b[t]) < 1e-4 for t in a)
 
 
 def test_bad_tensor_parallel_sizes_are_refused(tiny_model_dir):

@@ -108,20 +108,3 @@ def test_unshardable_models_are_refused_before_starting_ranks():
     mqa = SimpleNamespace(num_attention_heads=8, num_key_value_heads=3, intermediate_size=64)
     with pytest.raises(ValueError, match="3 KV heads cannot be replicated evenly over 4"):
         check_shardable(mqa, 4)
-
-
-def test_tensor_parallel_flags():
-    import argparse
-
-    from cadence.cli.args import add_engine_args, check_engine_args
-
-    parser = argparse.ArgumentParser()
-    add_engine_args(parser)
-    args = parser.parse_args(["m", "-tp", "2", "--distributed-executor-backend", "ray"])
-    kwargs = check_engine_args(parser, args)
-    assert kwargs["tensor_parallel_size"] == 2
-    assert kwargs["distributed_executor_backend"] == "ray"
-    long = parser.parse_args(["--tensor-parallel-size", "4", "--disable-custom-all-reduce"])
-    assert check_engine_args(parser, long)["disable_custom_all_reduce"] is True
-    with pytest.raises(SystemExit):
-        check_engine_args(parser, parser.parse_args(["--distributed-executor-backend", "mpi"]))
