@@ -15,6 +15,7 @@ every request and exits non-zero.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -57,7 +58,16 @@ class DistributedExecutor(Executor):
         self._broken = False
         model_path = resolve_model_path(config.model.model)  # a GGUF converts here, once
         check_shardable(load_hf_config(model_path), self.size)  # before starting any rank
-        host = self._host()
+        try:
+            self._start(config, model_path)
+        except BaseException:
+            self.shutdown()
+            raise
+        atexit.register(self.shutdown)  # a caller that never shuts down still leaves cleanly
+        logger.info("%d tensor-parallel ranks ready (%s)", self.size, type(self).__name__)
+
+    def _start(self, config: EngineConfig, model_path: str) -> None:
+        host = self._prepare()
         self.channel = StepChannel(self.size - 1, host, self._check_alive)
         port = config.parallel.distributed_init_port or _free_port(host)
         init_method = f"tcp://{host}:{port}"
@@ -75,22 +85,18 @@ class DistributedExecutor(Executor):
             )
             for rank in range(1, self.size)
         ]
-        try:
-            self._launch(specs)
-            threading.Thread(target=self._watch, name="cadence-rank-watchdog", daemon=True).start()
-            with self._call():
-                init_tensor_parallel(0, self.size, self._driver_device(), init_method)
-                self.driver = ModelRunner(config, model_path)
-            self.channel.wait_ready(READY_TIMEOUT_S, self._check_alive)
-        except BaseException:
-            self.shutdown()
-            raise
-        logger.info("%d tensor-parallel ranks ready (%s)", self.size, type(self).__name__)
+        self._launch(specs)
+        threading.Thread(target=self._watch, name="cadence-rank-watchdog", daemon=True).start()
+        with self._call():
+            init_tensor_parallel(0, self.size, self._driver_device(), init_method)
+            self.driver = ModelRunner(config, model_path)
+        self.channel.wait_ready(READY_TIMEOUT_S, self._check_alive)
 
     # ---- what subclasses provide -------------------------------------------------------
 
-    def _host(self) -> str:
-        """The address the other ranks reach this process at."""
+    def _prepare(self) -> str:
+        """Get ready to start ranks (Ray: join or start a cluster, place the ranks); the
+        address the other ranks reach this process at."""
         raise NotImplementedError
 
     def _driver_device(self):
@@ -174,7 +180,7 @@ class DistributedExecutor(Executor):
 
     def channel_error(self) -> str | None:
         try:
-            return self.channel.last_error()
+            return self.channel.last_error()  # (the watchdog starts after the channel)
         except Exception:  # the channel may be closing
             return None
 
@@ -182,9 +188,12 @@ class DistributedExecutor(Executor):
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.shutdown)
         graceful = not (self._broken or self._dead)
-        with suppress(Exception):
-            self.channel.send(("shutdown",), block=False)
+        channel = getattr(self, "channel", None)
+        if channel is not None:
+            with suppress(Exception):
+                channel.send(("shutdown",), block=False)
         try:
             # The ranks leave the group as they read "shutdown"; rank 0 leaves with them.
             if graceful and getattr(self, "driver", None) is not None:
@@ -194,7 +203,8 @@ class DistributedExecutor(Executor):
             try:
                 self._stop_ranks()
             finally:
-                self.channel.close()
+                if channel is not None:
+                    channel.close()
 
 
 def _free_port(host: str) -> int:

@@ -27,7 +27,7 @@ STOP_TIMEOUT_S = 10.0
 
 
 class MultiprocExecutor(DistributedExecutor):
-    def _host(self) -> str:
+    def _prepare(self) -> str:
         return "127.0.0.1"
 
     def _driver_device(self) -> torch.device:

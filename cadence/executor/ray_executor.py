@@ -45,7 +45,7 @@ class RayWorker:
 
 
 class RayExecutor(DistributedExecutor):
-    def _host(self) -> str:
+    def _prepare(self) -> str:
         import ray
 
         self._started_ray = False

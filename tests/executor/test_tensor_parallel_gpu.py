@@ -53,6 +53,17 @@ def test_two_gpus_equal_one_and_transformers(kind, eager, tiny_model_dir, hf_mod
     assert (two["graph_replays"] > 0) == (not eager)
 
 
+def test_prefill_graphs_under_tp(tiny_model_dir, hf_model):
+    """--cuda-graph-prefill: prefill and mixed steps replay graphs that hold the one-shot
+    all-reduces too."""
+    path = tiny_model_dir("llama")
+    prompts = prompts_for(path) + prompts_for(path)[:1]
+    two = run_child(path, prompts, 24, tensor_parallel_size=2, cuda_graph_prefill=True, **GPU)
+    assert two["returncode"] == 0
+    assert two["mixed_graph_replays"] > 0
+    assert two["tokens"] == hf_reference(hf_model(path), prompts, 24)
+
+
 @pytest.fixture(scope="module")
 def nccl_only(tiny_model_dir):
     path = tiny_model_dir("llama")

@@ -21,7 +21,9 @@ def main() -> None:
         from cadence.distributed.parallel_state import get_tp
 
         graphs = llm.engine.runner.graphs
+        mixed = llm.engine.runner.mixed_graphs
         result = {
+            "mixed_graph_replays": mixed.num_replays if mixed is not None else 0,
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "graph_replays": graphs.num_replays if graphs is not None else 0,
             "one_shot": get_tp().one_shot is not None,
