@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import signal
 import sys
 from collections import deque
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ def main() -> None:
     )
     from cadence.process import die_with_parent
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle; it stops us
     if spec.parent_pid is not None and not die_with_parent(spec.parent_pid):
         sys.exit(0)
     try:
