@@ -14,6 +14,7 @@ actors anywhere in a Ray cluster (`ray`). The scheduler does not know which one 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from cadence.worker.model_runner import ModelOutput, ModelRunner, PendingSample
 
 
-class Executor:
+class Executor(ABC):
     driver: ModelRunner
 
     def __getattr__(self, name: str):
@@ -70,16 +71,16 @@ class Executor:
 
     # ---- one step ------------------------------------------------------------------------
 
-    def execute_model(self, sched: SchedulerOutput) -> ModelOutput:
-        raise NotImplementedError
+    @abstractmethod
+    def execute_model(self, sched: SchedulerOutput) -> ModelOutput: ...
 
+    @abstractmethod
     def sample_async(
         self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
-    ) -> PendingSample | None:
-        raise NotImplementedError
+    ) -> PendingSample | None: ...
 
-    def resolve(self, pending: PendingSample | None) -> SampledTokens:
-        raise NotImplementedError
+    @abstractmethod
+    def resolve(self, pending: PendingSample | None) -> SampledTokens: ...
 
     def sample(
         self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None = None
@@ -90,5 +91,6 @@ class Executor:
         """Forward pass and sampling with no grammar masks (tests and simple callers)."""
         return self.sample(self.execute_model(sched))
 
+    @abstractmethod
     def shutdown(self) -> None:
         """Stop the other ranks and leave the process group. Idempotent."""

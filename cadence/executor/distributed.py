@@ -16,10 +16,12 @@ every request and exits non-zero.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
 import time
+from abc import abstractmethod
 from contextlib import contextmanager, suppress
 
 from cadence.config import EngineConfig
@@ -39,8 +41,6 @@ READY_TIMEOUT_S = 600.0
 
 def worker_view(sched):
     """The scheduler output without the core's Request objects (ranks need only deltas)."""
-    import dataclasses
-
     return dataclasses.replace(sched, requests={})
 
 
@@ -94,27 +94,29 @@ class DistributedExecutor(Executor):
 
     # ---- what subclasses provide -------------------------------------------------------
 
+    @abstractmethod
     def _prepare(self) -> str:
         """Get ready to start ranks (Ray: join or start a cluster, place the ranks); the
         address the other ranks reach this process at."""
-        raise NotImplementedError
+        ...
 
-    def _driver_device(self):
-        raise NotImplementedError
+    @abstractmethod
+    def _driver_device(self): ...
 
-    def _worker_device(self, rank: int) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def _worker_device(self, rank: int) -> str: ...
 
-    def _launch(self, specs: list[WorkerSpec]) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _launch(self, specs: list[WorkerSpec]) -> None: ...
 
+    @abstractmethod
     def _wait_for_death(self) -> str | None:
         """Block until a rank ends; its description, or None if we are shutting down."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _stop_ranks(self) -> None:
         """After "shutdown" was sent: wait briefly for the ranks to exit, then kill them."""
-        raise NotImplementedError
 
     # ---- one step ----------------------------------------------------------------------
 
@@ -196,8 +198,6 @@ class DistributedExecutor(Executor):
                 channel.send(("shutdown",), block=False)
         try:
             # The ranks leave the group as they read "shutdown"; rank 0 leaves with them.
-            if graceful and getattr(self, "driver", None) is not None:
-                self.driver.release_graphs()
             destroy_tensor_parallel(graceful=graceful)
         finally:
             try:

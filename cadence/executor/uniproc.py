@@ -21,3 +21,6 @@ class UniprocExecutor(Executor):
 
     def resolve(self, pending):
         return self.driver.resolve(pending)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: the one rank is this process."""

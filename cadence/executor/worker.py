@@ -85,7 +85,6 @@ def run_worker(spec: WorkerSpec) -> int:
                     runner.resolve(pending.popleft())
                 elif op[0] == "shutdown":
                     # Every rank leaves the group at once: NCCL's teardown waits on its peers.
-                    runner.release_graphs()
                     destroy_tensor_parallel()
                     return 0
     except BaseException as e:

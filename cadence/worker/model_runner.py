@@ -181,17 +181,6 @@ class ModelRunner:
                 seconds,
             )
 
-    def release_graphs(self) -> None:
-        """Free the CUDA graphs (shutdown): graphs that captured NCCL collectives keep the
-        communicator busy, and leaving the process group would wait on them forever."""
-        self.graphs = self.mixed_graphs = None
-        if self.device.type == "cuda":
-            import gc
-
-            gc.collect()
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-
     def _make_backend(self, name: str) -> AttentionBackend:
         if name == "auto":
             name = "triton" if self.device.type == "cuda" else "torch"
