@@ -6,11 +6,13 @@ EngineConfig
   scheduler: SchedulerConfig  token budget, sequence cap, context length
   structured: StructuredOutputsConfig  grammar compile threads, cache, jump-forward
   parallel:  ParallelConfig   tensor parallelism, which executor runs the workers
+  speculative: SpeculativeConfig | None   speculative decoding (`--speculative-config`)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 
 
@@ -73,6 +75,73 @@ class ParallelConfig:
     distributed_init_port: int = 0  # the TCP port of torch.distributed's rendezvous
 
 
+SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle3")
+
+
+@dataclass
+class SpeculativeConfig:
+    """Speculative decoding, in vLLM's `--speculative-config` shape (a JSON object).
+
+    Each step a proposer guesses up to `num_speculative_tokens` tokens per decoding request;
+    the target model verifies them all in one forward pass (cadence/spec_decode/)."""
+
+    method: str = "ngram"  # ngram (prompt lookup) | draft_model | eagle3
+    num_speculative_tokens: int = 4  # draft tokens proposed per request and step (k)
+    model: str | None = None  # draft_model: a smaller model (same tokenizer); eagle3: the heads
+    prompt_lookup_min: int = 2  # ngram: the shortest suffix matched, in tokens
+    prompt_lookup_max: int = 5  # ngram: the longest suffix matched, in tokens
+
+    # vLLM's names for the same things, accepted as aliases.
+    _ALIASES = {"eagle-3": "eagle3", "draft": "draft_model", "[ngram]": "ngram"}
+
+    @classmethod
+    def parse(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
+        """From a dict, a JSON string (the CLI flag) or an instance; None stays None."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("speculative_config must be a JSON object")
+        value = dict(value)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - names)
+        if unknown:
+            raise ValueError(f"unknown speculative_config key(s) {unknown}; known: {sorted(names)}")
+        if "method" not in value:
+            # vLLM infers the method: a draft model if one is named, else n-gram lookup.
+            value["method"] = "draft_model" if value.get("model") else "ngram"
+        value["method"] = cls._ALIASES.get(value["method"], value["method"])
+        if "num_speculative_tokens" not in value:
+            raise ValueError("speculative_config needs num_speculative_tokens")
+        return cls(**value)
+
+    def validate(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"unknown speculative method {self.method!r}; use one of {SPECULATIVE_METHODS}"
+            )
+        if not isinstance(self.num_speculative_tokens, int) or not (
+            1 <= self.num_speculative_tokens <= 16
+        ):
+            raise ValueError("num_speculative_tokens must be an integer from 1 to 16")
+        if self.method != "ngram" and not self.model:
+            raise ValueError(f"speculative method {self.method} needs a model (its checkpoint)")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+
+    def describe(self) -> str:
+        what = (
+            self.model
+            if self.method != "ngram"
+            else (f"n = {self.prompt_lookup_min}..{self.prompt_lookup_max}")
+        )
+        return f"{self.method} ({what}), k = {self.num_speculative_tokens}"
+
+
 @dataclass
 class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -80,6 +149,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    speculative: SpeculativeConfig | None = None  # set by --speculative-config
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto (triton on CUDA, torch on CPU) | torch | triton
     enforce_eager: bool = False  # no CUDA graphs: run every step eagerly
@@ -141,6 +211,19 @@ class EngineConfig:
             raise ValueError("the uniproc executor runs one rank: use mp or ray for TP > 1")
         if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
             raise ValueError(f"unknown load_format {self.model.load_format!r}")
+        if self.speculative is not None:
+            self.speculative.validate()
+            if p.tensor_parallel_size > 1:
+                raise ValueError(
+                    "speculative decoding does not run under tensor parallelism yet: "
+                    "use --tensor-parallel-size 1"
+                )
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots a request needs past its scheduled tokens: where a draft proposer writes
+        the K/V of the tokens it guesses (0 without speculation)."""
+        return self.speculative.num_speculative_tokens if self.speculative else 0
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
@@ -156,6 +239,9 @@ class EngineConfig:
         top: dict = {}
         top_names = {f.name for f in dataclasses.fields(cls)} - set(parts)
         for key, value in kwargs.items():
+            if key in ("speculative_config", "speculative"):
+                top["speculative"] = SpeculativeConfig.parse(value)
+                continue
             if key == "max_model_len":
                 sub["model"][key] = value
                 continue

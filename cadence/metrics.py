@@ -117,6 +117,38 @@ class ServerMetrics:
             labels,
             registry=r,
         )
+        self.spec_drafts = Counter(
+            "cadence:spec_decode_num_drafts",
+            "Speculative decoding: verifications (one request's drafts checked in one step)",
+            labels,
+            registry=r,
+        )
+        self.spec_draft_tokens = Counter(
+            "cadence:spec_decode_num_draft_tokens",
+            "Speculative decoding: draft tokens verified",
+            labels,
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "cadence:spec_decode_num_accepted_tokens",
+            "Speculative decoding: draft tokens the target accepted",
+            labels,
+            registry=r,
+        )
+        self.spec_accepted_per_pos = Counter(
+            "cadence:spec_decode_num_accepted_tokens_per_pos",
+            "Speculative decoding: verifications whose draft at this position (0-based) was "
+            "accepted; divided by cadence:spec_decode_num_drafts, the acceptance rate there",
+            labels + ["position"],
+            registry=r,
+        )
+        self.spec_acceptance_length = Histogram(
+            "cadence:spec_decode_acceptance_length",
+            "Speculative decoding: tokens a verification yielded (accepted drafts + 1)",
+            labels,
+            buckets=tuple(range(1, 18)),
+            registry=r,
+        )
         self.ttft = Histogram(
             "cadence:time_to_first_token_seconds",
             "Time to first token",
@@ -157,7 +189,12 @@ class ServerMetrics:
             "grammar_compiles": self.grammar_compiles,
             "grammar_cache_hits": self.grammar_cache_hits,
             "jump_forward_tokens": self.jump_forward_tokens,
+            "spec_verifications": self.spec_drafts,
+            "spec_draft_tokens": self.spec_draft_tokens,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
         }
+        self._last_per_pos: list[int] = []
+        self._last_lengths: list[int] = []
         self._last_engine = dict.fromkeys(self._engine_counters, 0)
         for m in (self.running, self.waiting, self.kv_usage):
             m.labels(model_name).set(0)
@@ -191,6 +228,17 @@ class ServerMetrics:
             new = getattr(stats, name)
             self._l(counter).inc(max(0, new - self._last_engine[name]))
             self._last_engine[name] = new
+        per_pos = stats.spec_accepted_per_position
+        for i, total in enumerate(per_pos):
+            before = self._last_per_pos[i] if i < len(self._last_per_pos) else 0
+            self.spec_accepted_per_pos.labels(self.model_name, str(i)).inc(max(0, total - before))
+        self._last_per_pos = list(per_pos)
+        lengths = stats.spec_acceptance_lengths
+        for n, total in enumerate(lengths):
+            before = self._last_lengths[n] if n < len(self._last_lengths) else 0
+            for _ in range(max(0, total - before)):  # the engine sends running counts
+                self._l(self.spec_acceptance_length).observe(n)
+        self._last_lengths = list(lengths)
 
     # RequestObserver
     def on_first_token(self, ttft: float, queue_time: float | None, num_prompt_tokens: int) -> None:

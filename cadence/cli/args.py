@@ -153,6 +153,15 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
             metavar="MODEL",
             help="same as --model",
         )
+    groups["engine"].add_argument(
+        "--speculative-config",
+        dest="speculative_config",
+        default=None,
+        metavar="JSON",
+        help='speculative decoding, as a JSON object: {"method": "ngram" | "draft_model" | '
+        '"eagle3", "num_speculative_tokens": K, "model": PATH (draft_model, eagle3), '
+        '"prompt_lookup_min": N, "prompt_lookup_max": N (ngram)} (default: off)',
+    )
     for section, f, typ, _optional, help_text in _engine_fields():
         flags = ["--" + f.name.replace("_", "-")]
         if f.name in _SHORT_FLAGS:
@@ -193,6 +202,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict:
         value = getattr(args, f.name)
         if value != _default(f):
             kwargs[f.name] = value
+    if getattr(args, "speculative_config", None) is not None:
+        kwargs["speculative_config"] = args.speculative_config
     positional = getattr(args, "model_positional", None)
     if positional is not None:
         if kwargs.get("model") not in (None, positional):

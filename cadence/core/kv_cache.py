@@ -337,8 +337,11 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVBlock] = (),
+        lookahead: int = 0,
     ) -> list[KVBlock] | None:
-        """Give `request` blocks for its computed tokens plus `num_new_tokens` more.
+        """Give `request` blocks for its computed tokens plus `num_new_tokens` more, plus
+        `lookahead` slots past them (speculative decoding: where a draft model writes the
+        K/V of its guesses; never hashed).
 
         `new_computed_blocks` are prefix-cache hits (from get_computed_blocks) that the
         request takes now. Returns the newly allocated blocks, or None (and changes nothing)
@@ -347,7 +350,9 @@ class KVCacheManager:
         held = self.req_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
-        num_needed = -(-total_tokens // self.block_size) - len(held) - len(new_computed_blocks)
+        num_needed = (
+            -(-(total_tokens + lookahead) // self.block_size) - len(held) - len(new_computed_blocks)
+        )
         # Hits that sit in the free queue leave it when touched, so they cost free slots too.
         num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:

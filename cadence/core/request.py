@@ -69,6 +69,10 @@ class Request:
         self.enqueue_step = 0  # scheduler step at which it last joined the waiting queue
         self.stop_reason: int | None = None  # the stop token id that ended it, if any
         self.unsent_token_ids: list[int] = []  # forced tokens the worker has not been sent
+        # Speculative decoding: tokens a proposer guessed to follow all_token_ids. The next
+        # step verifies them (they are scheduled like any token); update() keeps those the
+        # target model agrees with. Never hashed into the prefix cache.
+        self.spec_token_ids: list[int] = []
         # Async scheduling: tokens sampled by a step still in flight (0 or 1). The next
         # step may already compute on them; their ids arrive with the update.
         self.num_placeholders = 0

@@ -13,6 +13,12 @@ No phases: each step hands out a token budget (`max_num_batched_tokens`).
 `schedule()` returns a SchedulerOutput of deltas for the worker; `update()` takes the tokens
 the worker sampled, appends them, checks stop conditions and frees finished requests.
 
+Speculative decoding: a decoding request may carry draft tokens (`spec_token_ids`, guessed
+by a proposer after the last step). They are scheduled like any token (budget, KV slots)
+and listed in `SchedulerOutput.spec_token_ids`; update() keeps the accepted ones plus the
+target's own next token, and rolls `num_computed_tokens` back over the rejected ones (their
+K/V is overwritten later). Blocks get prefix-cache hashes from accepted tokens only.
+
 With `async_scheduling`, step N+1 is scheduled before step N's tokens are known: schedule()
 advances num_computed_tokens itself and counts a placeholder for each token the step will
 sample, so the next schedule() sees that token as one to compute (the worker fills its id
@@ -68,6 +74,9 @@ class SchedulerOutput:
     cached_requests: list[CachedRequestData] = field(default_factory=list)
     # request id -> tokens to run this step, in batch order (new and cached interleaved)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # request id -> draft tokens to verify (speculative decoding), the last of its tokens
+    # in num_scheduled_tokens; requests without drafts are absent
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     total_num_scheduled_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # since the last step
@@ -89,8 +98,14 @@ class SampledTokens:
     (jump-forward), and requests whose grammar is complete (they stop)."""
 
     sampled: dict[str, int] = field(default_factory=dict)
-    # request id -> (sampled token's logprob, [(token id, logprob)] of the top N)
-    logprobs: dict[str, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
+    # Speculative decoding: request id -> its draft tokens the target accepted; they come
+    # before sampled[rid] (the target's own token after them)
+    accepted_drafts: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> draft tokens proposed for the next step
+    proposals: dict[str, list[int]] = field(default_factory=dict)
+    # request id -> per new token (accepted drafts, then the sampled one): (its logprob,
+    # [(token id, logprob)] of the top N)
+    logprobs: dict[str, list[tuple[float, list[tuple[int, float]]]]] = field(default_factory=dict)
     forced: dict[str, list[int]] = field(default_factory=dict)
     grammar_done: set[str] = field(default_factory=set)
     # request id -> one entry per prompt token (None for the first), with its first token
@@ -131,12 +146,55 @@ class SchedulerStats:
     prefix_requests: int = 0  # requests looked up, since start
     prefix_hit_requests: int = 0  # of which hit at least one block
     prefix_evictions: int = 0  # cached blocks reused for other data, since start
+    spec: SpecDecodeStats | None = None  # speculative decoding, when on
+
+
+@dataclass
+class SpecDecodeStats:
+    """Speculative decoding's tallies since start (one verification = one request's drafts
+    checked in one step)."""
+
+    num_verifications: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # accepted_per_position[i]: verifications whose draft i (0-based) was accepted
+    accepted_per_position: list[int] = field(default_factory=list)
+    # acceptance_lengths[n]: verifications that produced n tokens (accepted drafts + 1)
+    acceptance_lengths: list[int] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_verifications += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        grow = num_drafts - len(self.accepted_per_position)
+        self.accepted_per_position.extend([0] * max(grow, 0))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+        grow = num_accepted + 2 - len(self.acceptance_lengths)
+        self.acceptance_lengths.extend([0] * max(grow, 0))
+        self.acceptance_lengths[num_accepted + 1] += 1
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per verification (accepted drafts + the target's own)."""
+        n = self.num_verifications
+        return (self.num_accepted_tokens + n) / n if n else 0.0
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_manager: KVCacheManager,
+        num_lookahead_tokens: int = 0,
+    ) -> None:
+        """`num_lookahead_tokens`: KV slots each request gets past its scheduled tokens
+        (speculative decoding: where the proposer writes its guesses' K/V); 0: none and no
+        speculation."""
         self.config = config
         self.kv = kv_manager
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.spec_stats = SpecDecodeStats() if num_lookahead_tokens else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -199,8 +257,10 @@ class Scheduler:
             if num_new <= 0 or (req.num_placeholders and self._ends_with_placeholder(req)):
                 i += 1
                 continue
+            drafts = self._drafts_to_verify(req, num_new, budget)
+            num_new += len(drafts)
             while True:
-                blocks = self.kv.allocate_slots(req, num_new)
+                blocks = self.kv.allocate_slots(req, num_new, lookahead=self.num_lookahead_tokens)
                 if blocks is not None:
                     break
                 victim = self._pick_victim(i)
@@ -212,6 +272,8 @@ class Scheduler:
                 continue
             new_blocks[req.request_id] = [b.block_id for b in blocks]
             out.num_scheduled_tokens[req.request_id] = num_new
+            if drafts:
+                out.spec_token_ids[req.request_id] = drafts
             budget -= num_new
             i += 1
 
@@ -226,7 +288,7 @@ class Scheduler:
             if req.num_computed_tokens == 0:
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
-            blocks = self.kv.allocate_slots(req, num_new, hits)
+            blocks = self.kv.allocate_slots(req, num_new, hits, self.num_lookahead_tokens)
             if blocks is None:
                 break  # FCFS: nobody jumps the queue for lack of memory
             self.waiting.popleft()
@@ -292,6 +354,20 @@ class Scheduler:
         assert len(self.running) <= self.config.max_num_seqs
         return out
 
+    def _drafts_to_verify(self, req: Request, num_new: int, budget: int) -> list[int]:
+        """The draft tokens `req` verifies this step: its proposals, if it is decoding (one
+        token to compute: the one sampled last), cut to the budget and to what max_tokens
+        and the context leave room for. Taken off the request either way."""
+        drafts, req.spec_token_ids = req.spec_token_ids, []
+        if not drafts or num_new != 1:
+            return []  # prefilling, or tokens were forced after the proposal was made
+        room = budget - 1
+        max_tokens = req.sampling_params.max_tokens
+        if max_tokens is not None:  # a step yields up to len(drafts) + 1 tokens
+            room = min(room, max_tokens - req.num_output_tokens - 1)
+        room = min(room, self.config.max_model_len - req.num_tokens - 1)
+        return drafts[: max(room, 0)]
+
     def _order_waiting(self) -> None:
         if len(self.waiting) > 1:
             self.policy.order(
@@ -327,6 +403,7 @@ class Scheduler:
     def _preempt(self, req: Request, reason: str = "out of KV blocks") -> None:
         self.running.remove(req)
         self.kv.free(req)
+        req.spec_token_ids = []
         recompute = req.num_computed_tokens
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -360,10 +437,22 @@ class Scheduler:
                 continue  # a prefill chunk that did not reach the prompt's end
             if async_mode:
                 req.num_placeholders -= 1
-            req.append_output_token(token)
-            lp = result.logprobs.get(rid)
-            status = self._check_stop(req, token)
-            new_tokens = [token]
+            new_tokens = [*result.accepted_drafts.get(rid, ()), token]
+            drafts = sched.spec_token_ids.get(rid)
+            if drafts:
+                # Rejected drafts' K/V is not the request's: compute from the first of them.
+                req.num_computed_tokens -= len(drafts) - (len(new_tokens) - 1)
+                self.spec_stats.record(len(drafts), len(new_tokens) - 1)
+            status = None
+            for n_kept, t in enumerate(new_tokens, 1):
+                req.append_output_token(t)
+                status = self._check_stop(req, t)
+                if status is not None:
+                    del new_tokens[n_kept:]  # a stop among accepted drafts ends it there
+                    break
+            lps = result.logprobs.get(rid)
+            if status is None:
+                req.spec_token_ids = result.proposals.get(rid, [])
             if status is None and rid in result.grammar_done:
                 status = RequestStatus.FINISHED_STOPPED  # the grammar matched in full
             for forced in result.forced.get(rid, ()) if status is None else ():
@@ -379,7 +468,7 @@ class Scheduler:
                 RequestUpdate(
                     rid,
                     new_tokens,
-                    [lp] if lp is not None else None,
+                    lps[: len(new_tokens)] if lps is not None else None,
                     finish_reason=None if status is None else FINISH_REASONS[status],
                     stop_reason=req.stop_reason,
                     num_cached_tokens=req.num_cached_prompt_tokens,
@@ -431,4 +520,5 @@ class Scheduler:
             prefix_requests=self.kv.stats.requests,
             prefix_hit_requests=self.kv.stats.hit_requests,
             prefix_evictions=self.kv.pool.num_evictions,
+            spec=self.spec_stats,
         )

@@ -45,6 +45,10 @@ class EngineCore:
             # Llama-8B: +5 % at batch 1, +13 % at batch 64). A CPU computes the forward on
             # the calling thread, so there is nothing to overlap.
             config.scheduler.async_scheduling = device == "cuda"
+        if config.speculative is not None and config.scheduler.async_scheduling:
+            # The next step's drafts depend on how many of this step's were accepted.
+            logger.info("speculative decoding runs synchronous steps (no async scheduling)")
+            config.scheduler.async_scheduling = False
         # The model's ranks behind one interface (one rank in this process, or tensor
         # parallel ranks elsewhere too); `runner` is the name the loop reads it by.
         self.runner = make_executor(config)
@@ -66,7 +70,7 @@ class EngineCore:
             cache.enable_prefix_caching,
             cache.prefix_cache,
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens)
         hashed = cache.enable_prefix_caching and cache.prefix_cache == "hash"
         self._hasher = make_block_hasher(cache.block_size) if hashed else None
         self.eos_token_ids = self.runner.eos_token_ids
@@ -91,6 +95,8 @@ class EngineCore:
         self._touched: list = []
         self._stale_in_runner: list[str] = []  # rows the runner drops next step (fail_step)
         cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
+        if config.speculative is not None:
+            logger.info("speculative decoding: %s", config.speculative.describe())
         logger.info(
             "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s)",
             time.perf_counter() - t0,
@@ -234,9 +240,9 @@ class EngineCore:
             return []
         model_out = self.runner.execute_model(sched)
         # Filled while the device runs the forward pass (CUDA kernels are queued).
-        bitmask = (
-            self.grammars.fill_bitmask(model_out.sample_ids) if self.grammars.matchers else None
-        )
+        bitmask = None
+        if self.grammars.matchers:
+            bitmask = self.grammars.fill_bitmask(model_out.sample_ids, model_out.drafts)
         sampled = self.runner.sample(model_out, bitmask)
         if bitmask is not None:
             self._advance_grammars(sampled)
@@ -317,18 +323,32 @@ class EngineCore:
             self._failed.append((rid, why))
 
     def _advance_grammars(self, sampled, jump: bool = True) -> None:
+        """Walk each constrained request's grammar over its new tokens (accepted drafts,
+        then the sampled one); forced tokens may follow. Its next drafts are cut to what
+        the grammar allows from there."""
         jump = jump and self.config.structured.jump_forward
         for rid, token in sampled.sampled.items():
             req = self.scheduler.requests.get(rid)
             if req is None or rid not in self.grammars.matchers:
                 continue
             params = req.sampling_params
-            # Forced tokens have no logprobs of their own: no jump when they are wanted.
-            done, forced = self.grammars.advance(rid, token, jump and params.logprobs is None)
+            done, forced = False, []
+            new_tokens = [*sampled.accepted_drafts.get(rid, ()), token]
+            for i, t in enumerate(new_tokens, 1):
+                # Forced tokens follow the last new token only, and have no logprobs of
+                # their own: no jump when logprobs are wanted.
+                may_jump = jump and params.logprobs is None and i == len(new_tokens)
+                done, forced = self.grammars.advance(rid, t, may_jump)
+                if done:
+                    break
             if done:
                 sampled.grammar_done.add(rid)
             elif forced:
                 sampled.forced[rid] = forced
+            if rid in sampled.proposals:
+                sampled.proposals[rid] = self.grammars.allowed_prefix(
+                    rid, sampled.proposals[rid], jump and params.logprobs is None
+                )
 
     def shutdown(self) -> None:
         """Stop the model's other ranks (tensor parallelism); idempotent."""

@@ -299,6 +299,12 @@ class EngineLoop:
             g.cache_hits,
             g.jump_forward_tokens,
         )
+        if s.spec is not None:
+            stats.spec_verifications = s.spec.num_verifications
+            stats.spec_draft_tokens = s.spec.num_draft_tokens
+            stats.spec_accepted_tokens = s.spec.num_accepted_tokens
+            stats.spec_accepted_per_position = list(s.spec.accepted_per_position)
+            stats.spec_acceptance_lengths = list(s.spec.acceptance_lengths)
         msg = P.EngineCoreOutputs(updates, self.errors, stats, time.time(), self.step_errors)
         send_or_exit(self.outbox, P.encoder.encode(msg))
         self.errors = []

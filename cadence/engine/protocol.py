@@ -49,6 +49,12 @@ class EngineStats(msgspec.Struct, array_like=True):
     grammar_compiles: int = 0
     grammar_cache_hits: int = 0
     jump_forward_tokens: int = 0
+    # Speculative decoding, cumulative (see SpecDecodeStats)
+    spec_verifications: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: list[int] = []
+    spec_acceptance_lengths: list[int] = []  # [n]: verifications that yielded n tokens
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

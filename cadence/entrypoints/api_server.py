@@ -13,6 +13,7 @@ left is aborted (finish_reason "abort"), and the server exits 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -206,6 +207,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             "model": state.get("name"),
             "prefix_cache": cache.prefix_cache if cache.enable_prefix_caching else "off",
             "scheduling_policy": config.scheduler.scheduling_policy,
+            "speculative_config": None
+            if config.speculative is None
+            else dataclasses.asdict(config.speculative),
         }
 
     @app.get("/metrics")

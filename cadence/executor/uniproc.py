@@ -22,5 +22,9 @@ class UniprocExecutor(Executor):
     def resolve(self, pending):
         return self.driver.resolve(pending)
 
+    def sample(self, model_out, grammar_bitmask=None):
+        # The runner's own: with speculative decoding it verifies and proposes.
+        return self.driver.sample(model_out, grammar_bitmask)
+
     def shutdown(self) -> None:
         """Nothing to stop: the one rank is this process."""

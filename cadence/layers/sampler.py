@@ -57,6 +57,18 @@ class Sampler:
             and batch.allowed_bitmask is None
         ):
             return SamplerOutput(_argmax(logits))  # the common case
+        logits, raw_logprobs = self.process(logits, batch)
+        if batch.all_greedy:
+            tokens = _argmax(logits)
+        else:
+            tokens = self._sample(logits, batch)
+        return with_logprobs(SamplerOutput(tokens), raw_logprobs, batch.max_logprobs)
+
+    def process(
+        self, logits: torch.Tensor, batch: SamplingBatch
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(float32 logits after bias, penalties and the grammar mask, the raw log-softmax
+        if any row wants logprobs)."""
         logits = raw = logits.float()
         raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_logprobs is not None else None
 
@@ -74,23 +86,12 @@ class Sampler:
                 if dead.any():
                     fallback = apply_token_bitmask(raw.clone(), batch.allowed_bitmask)
                     logits = torch.where(dead[:, None], fallback, logits)
+        return logits, raw_logprobs
 
-        if batch.all_greedy:
-            tokens = _argmax(logits)
-        else:
-            tokens = self._sample(logits, batch)
-
-        out = SamplerOutput(tokens)
-        if raw_logprobs is not None:
-            out.logprobs = raw_logprobs.gather(1, tokens[:, None]).squeeze(1)
-            if batch.max_logprobs > 0:
-                out.top_logprobs, out.top_ids = raw_logprobs.topk(batch.max_logprobs, dim=-1)
-        return out
-
-    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy_tokens = _argmax(logits)
-        greedy_rows = batch.temperature == 0
-        temp = torch.where(greedy_rows, 1.0, batch.temperature)
+    def probs(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """The distribution each row samples from: temperature, then top-k / top-p, then
+        min-p (rows need not sum to 1). Greedy rows get temperature 1 (unused)."""
+        temp = torch.where(batch.temperature == 0, 1.0, batch.temperature)
         logits = logits / temp[:, None]
         if batch.top_k is not None or batch.top_p is not None:
             logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
@@ -98,11 +99,30 @@ class Sampler:
         if batch.min_p is not None:
             cutoff = probs.max(dim=-1, keepdim=True).values * batch.min_p[:, None]
             probs = probs.masked_fill(probs < cutoff, 0.0)
+        return probs
+
+    def draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        """One token per row, distributed as the row's (unnormalised) probs."""
         noise = torch.empty_like(probs).exponential_()
         for row, gen in batch.generators.items():
             noise[row].exponential_(generator=gen)
-        sampled = _argmax(probs / noise)
-        return torch.where(greedy_rows, greedy_tokens, sampled)
+        return _argmax(probs / noise)
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        greedy_tokens = _argmax(logits)
+        sampled = self.draw(self.probs(logits, batch), batch)
+        return torch.where(batch.temperature == 0, greedy_tokens, sampled)
+
+
+def with_logprobs(
+    out: SamplerOutput, raw_logprobs: torch.Tensor | None, max_logprobs: int | None
+) -> SamplerOutput:
+    """`out` with its tokens' raw logprobs and the top `max_logprobs` of each row."""
+    if raw_logprobs is not None:
+        out.logprobs = raw_logprobs.gather(1, out.token_ids[:, None]).squeeze(1)
+        if max_logprobs > 0:
+            out.top_logprobs, out.top_ids = raw_logprobs.topk(max_logprobs, dim=-1)
+    return out
 
 
 def _argmax(x: torch.Tensor) -> torch.Tensor:

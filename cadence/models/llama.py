@@ -184,8 +184,20 @@ class LlamaForCausalLM(nn.Module):
             else ParallelLMHead(config.vocab_size, config.hidden_size)
         )
 
+    # EAGLE-3 drafts from the residual stream entering a few layers (keep_aux_hidden).
+    aux_layer_ids: tuple[int, ...] = ()
+    aux_hidden: list[torch.Tensor] | None = None  # [T, hidden] each, of the last forward
+
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn for layer in self.layers]
+
+    def keep_aux_hidden(self, layer_ids: tuple[int, ...]) -> None:
+        """From now on, each forward keeps the hidden state entering these layers (the
+        residual stream: the previous layer's output) in `aux_hidden`, in this order."""
+        bad = [i for i in layer_ids if not 0 <= i < len(self.layers)]
+        if bad:
+            raise ValueError(f"aux hidden-state layers {bad} outside 0..{len(self.layers) - 1}")
+        self.aux_layer_ids = tuple(layer_ids)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -194,8 +206,13 @@ class LlamaForCausalLM(nn.Module):
         x = self.embed_tokens(input_ids)
         cos_sin = self.rotary.lookup(positions, x.dtype)
         residual = None
-        for layer in self.layers:
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layer_ids:
+                kept[i] = x if residual is None else x + residual
             x, residual = layer(cos_sin, x, residual, meta)
+        if kept:
+            self.aux_hidden = [kept[i] for i in self.aux_layer_ids]
         x, _ = self.norm(x, residual)
         return x
 

@@ -207,23 +207,63 @@ class GrammarManager:
     def has_constrained(self, request_ids: list[str]) -> bool:
         return any(rid in self.matchers for rid in request_ids)
 
-    def fill_bitmask(self, request_ids: list[str]) -> torch.Tensor | None:
-        """[len(request_ids), ceil(vocab / 32)] int32 on the CPU, bit set = token allowed;
-        all bits set for unconstrained rows. None if no row is constrained."""
+    def fill_bitmask(
+        self, request_ids: list[str], drafts: list[list[int]] | None = None
+    ) -> torch.Tensor | None:
+        """[rows, ceil(vocab / 32)] int32 on the CPU, bit set = token allowed; all bits
+        set for unconstrained rows. None if no row is constrained.
+
+        One row per request, or with speculative decoding 1 + len(drafts[i]) rows for
+        request i: row j allows what may follow its tokens and drafts[i][:j] (the matcher
+        walks the drafts and rolls back)."""
         if not self.has_constrained(request_ids):
             return None
         import xgrammar as xgr
 
-        rows = len(request_ids)
+        rows = len(request_ids) + (sum(len(d) for d in drafts) if drafts else 0)
         if self._bitmask is None or self._bitmask.shape[0] < rows:
             self._bitmask = xgr.allocate_token_bitmask(max(rows, 64), self.vocab_size)
         mask = self._bitmask[:rows]
         mask.fill_(-1)
+        row = 0
         for i, rid in enumerate(request_ids):
+            spec = drafts[i] if drafts else ()
             matcher = self.matchers.get(rid)
-            if matcher is not None and not matcher.is_terminated():
-                matcher.fill_next_token_bitmask(mask, i)
+            if matcher is not None:
+                walked = 0
+                for j in range(len(spec) + 1):
+                    if matcher.is_terminated():
+                        break  # a draft ended the grammar: later rows are never used
+                    matcher.fill_next_token_bitmask(mask, row + j)
+                    if j == len(spec) or not matcher.accept_token(spec[j]):
+                        break  # (a forbidden draft is rejected at its own row)
+                    walked += 1
+                if walked:
+                    matcher.rollback(walked)
+            row += len(spec) + 1
         return mask
+
+    def allowed_prefix(self, request_id: str, drafts: list[int], jump_forward: bool) -> list[int]:
+        """The longest prefix of `drafts` the request's grammar accepts from its state now
+        (speculative decoding drops the rest before verifying). Leaves the state as is.
+
+        With `jump_forward`, the prefix also stops before the first draft after which the
+        grammar would force tokens: only a step's last token may be followed by forced
+        tokens, and cutting there keeps the output what it is without speculation."""
+        matcher = self.matchers.get(request_id)
+        if matcher is None:
+            return drafts
+        n = 0
+        for tok in drafts:
+            if matcher.is_terminated() or not matcher.accept_token(tok):
+                break
+            if jump_forward and matcher.find_jump_forward_tokens():
+                matcher.rollback(1)
+                break
+            n += 1
+        if n:
+            matcher.rollback(n)
+        return drafts[:n]
 
     def advance(self, request_id: str, token_id: int, jump_forward: bool) -> tuple[bool, list[int]]:
         """Accept a sampled token. Returns (grammar finished, forced next tokens).

@@ -93,7 +93,8 @@ def profile_cuda_memory(runner: ModelRunner) -> int:
     kv_temp = sum(c.numel() * c.element_size() for c in runner.kv_caches)
     activations = peak - kv_temp
     del hidden, logits, meta
-    for layer in runner.model.attention_layers():
+    draft_layers = runner.spec.proposer.attention_layers() if runner.spec is not None else []
+    for layer in [*runner.model.attention_layers(), *draft_layers]:
         layer.kv_cache = None
     runner.kv_caches = []
     torch.cuda.empty_cache()

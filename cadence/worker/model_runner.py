@@ -10,32 +10,33 @@ logprobs also get the log-softmax at their prompt positions (`prompt_logprobs.py
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from cadence.attention.base import AttentionBackend, AttentionMetadata
-from cadence.attention.torch_ref import TorchAttentionBackend
+from cadence.attention.base import AttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler import SampledTokens, SchedulerOutput
 from cadence.distributed.communication import broadcast_, min_over_ranks
 from cadence.distributed.one_shot import ONE_SHOT_MAX_BYTES
 from cadence.distributed.parallel_state import enable_one_shot, get_tp
-from cadence.layers.linear import local_kv_heads
 from cadence.layers.sampler import Sampler, SamplerOutput
 from cadence.loader.hf_config import generation_eos_ids
 from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
 from cadence.sampling_params import SamplingParams
+from cadence.spec_decode.decoder import SpecDecoder
 from cadence.worker import prompt_logprobs
+from cadence.worker.backends import make_attention_backend
+from cadence.worker.batch_inputs import eager_inputs, layout
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
+from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import profile_cuda_memory
 from cadence.worker.mixed_graphs import MixedGraphs
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
-from cadence.worker.transfer import to_device, to_device_aligned, to_host_async
+from cadence.worker.transfer import to_device, to_host_async
 from cadence.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,10 @@ class ModelOutput:
     """One step's forward pass, before sampling."""
 
     sample_ids: list[str]  # requests that sample this step, in row order
-    logits: torch.Tensor | None  # [len(sample_ids), vocab], on the device
+    # [rows, vocab] on the device: one row per sampling request, or with speculative
+    # decoding 1 + len(drafts[i]) rows for request i (its drafts' positions, then the next)
+    logits: torch.Tensor | None
+    drafts: list[list[int]] | None = None  # speculative decoding: drafts per request
 
 
 def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
@@ -132,10 +136,15 @@ class ModelRunner:
         self.requests: dict[str, _RequestState] = {}
         self._last_tokens: torch.Tensor | None = None  # the last sampled ids, on the device
         self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
+        self.spec: SpecDecoder | None = None
+        if config.speculative is not None:  # its draft model counts in the memory profile
+            self.spec = SpecDecoder(config.speculative, self)
         self.num_blocks = self._num_kv_blocks()
         self.allocate_kv_cache()
         # One spare column: a table row must never be the thing that rejects a request.
-        self.max_blocks_per_seq = -(-self.max_model_len // self.block_size) + 1
+        # (Speculation: a draft model writes its guesses' K/V up to k slots further.)
+        slots = self.max_model_len + config.num_lookahead_tokens
+        self.max_blocks_per_seq = -(-slots // self.block_size) + 1
         self.tables = BlockTables(
             config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device
         )
@@ -159,9 +168,10 @@ class ModelRunner:
                 seconds,
             )
         self.mixed_graphs: MixedGraphs | None = None
+        # Verify steps (1 + k tokens a request) replay the mixed-step graphs.
         if (
             self.graphs is not None
-            and config.cuda_graph_prefill
+            and (config.cuda_graph_prefill or config.speculative is not None)
             and hasattr(self.backend, "mixed_graph_plan")
         ):
             sc = config.scheduler
@@ -180,22 +190,17 @@ class ModelRunner:
                 self.mixed_graphs.sizes,
                 seconds,
             )
+        if self.spec is not None and self.device.type == "cuda" and not config.enforce_eager:
+            self.spec.proposer.capture_graphs()
 
     def _make_backend(self, name: str) -> AttentionBackend:
-        if name == "auto":
-            name = "triton" if self.device.type == "cuda" else "torch"
-        if name == "torch":
-            return TorchAttentionBackend()
-        if self.device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
-            raise ValueError("the triton attention backend needs a CUDA device")
-        from cadence.attention.triton_paged import TritonAttentionBackend
-
-        kv_heads = getattr(self.hf_config, "num_key_value_heads", None)
-        kv_heads = local_kv_heads(kv_heads or self.hf_config.num_attention_heads)
-        return TritonAttentionBackend(num_kv_heads=kv_heads)
+        return make_attention_backend(name, self.device, self.hf_config)
 
     def _use_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.enforce_eager:
+            return False
+        if self.spec is not None and self.spec.needs_eager_target:
+            logger.info("EAGLE-3 reads the target's hidden states of three layers: eager")
             return False
         if not hasattr(self.backend, "decode_plan"):
             logger.info("attention backend %s has no graph-safe decode: eager", self.backend.name)
@@ -205,16 +210,8 @@ class ModelRunner:
     # ---- memory -----------------------------------------------------------------------
 
     def _kv_bytes_per_block(self) -> int:
-        attn = self.model.attention_layers()[0]
-        elem = torch.finfo(self.dtype).bits // 8
-        return (
-            2
-            * len(self.model.attention_layers())
-            * self.block_size
-            * attn.num_kv_heads
-            * attn.head_dim
-            * elem
-        )
+        own = kv_bytes_per_block(self.model, self.block_size, self.dtype)
+        return own + (self.spec.kv_bytes_per_block() if self.spec is not None else 0)
 
     def _num_kv_blocks(self) -> int:
         cc = self.config.cache
@@ -234,23 +231,11 @@ class ModelRunner:
         return n
 
     def allocate_kv_cache(self, log: bool = True) -> None:
-        attn = self.model.attention_layers()[0]
-        shape = (2, self.num_blocks, self.block_size, attn.num_kv_heads, attn.head_dim)
-        self.kv_caches = []
-        for layer in self.model.attention_layers():
-            # Uninitialised (fast to allocate), except block 0: padded key slots point at
-            # slot 0, and masked garbage could still be NaN, which survives 0 * NaN.
-            cache = torch.empty(shape, dtype=self.dtype, device=self.device)
-            if cache.device.type == "cpu":
-                # Fault every page in now. torch.empty's pages become resident only when a
-                # block is first written, so RSS would creep towards the pool's size over
-                # hours of serving (the LRU free queue rotates through every block), and a
-                # machine short of memory would fail then rather than at start-up.
-                cache.zero_()
-            else:
-                cache[:, 0].zero_()
-            layer.kv_cache = cache
-            self.kv_caches.append(cache)
+        self.kv_caches = bind_kv_caches(
+            self.model, self.num_blocks, self.block_size, self.dtype, self.device
+        )
+        if self.spec is not None:  # a draft model's own K/V, in the same block ids
+            self.kv_caches += self.spec.allocate_kv_cache(self.num_blocks)
         if not log:
             return
         logger.info(
@@ -310,14 +295,16 @@ class ModelRunner:
         starts: list[int] = []  # its first scheduled position (tokens already computed)
         query_lens: list[int] = []
         sample_ids: list[str] = []
-        sample_rows: list[int] = []  # index of each sampling request's last query token
+        sample_rows: list[int] = []  # query tokens whose logits are sampled (1 + drafts each)
+        drafts: list[list[int]] = []  # per sampling request: the draft tokens it verifies
         fill_rows: list[int] = []  # query tokens whose id is still on the device ...
         fill_from: list[int] = []  # ... at this row of the last sampled tokens
         prompt_rows = PromptRows()  # positions whose prompt logprobs are wanted
         for rid, n in sched.num_scheduled_tokens.items():
             st = self.requests[rid]
+            spec = sched.spec_token_ids.get(rid, [])
             start = st.num_computed_tokens
-            end = start + n
+            end = start + n - len(spec)  # the known tokens' end; the drafts follow
             known = len(st.token_ids)
             if st.prompt_lp is not None:
                 st.prompt_lp.plan(
@@ -329,34 +316,27 @@ class ModelRunner:
                 fill_rows.append(len(input_ids))
                 fill_from.append(self._last_rows[rid])
                 input_ids.append(0)
+            input_ids.extend(spec)
             rows.append(st.row)
             starts.append(start)
             query_lens.append(n)
             if end == known + st.num_pending:
                 sample_ids.append(rid)
-                sample_rows.append(len(input_ids) - 1)
+                sample_rows.extend(range(len(input_ids) - len(spec) - 1, len(input_ids)))
+                drafts.append(spec)
 
-        # Token-level inputs, vectorised over the whole step (numpy): positions run from
-        # each request's start; a token's slot comes from its request's table row.
         dev, bs = self.device, self.block_size
         num_reqs, num_tokens = len(rows), len(input_ids)
-        rows_np = np.array(rows, dtype=np.int64)
-        starts_np = np.array(starts, dtype=np.int64)
-        qlens_np = np.array(query_lens, dtype=np.int64)
-        seq_lens_np = starts_np + qlens_np
-        if num_tokens == num_reqs:  # one token each (decodes)
-            positions, token_rows = starts_np, rows_np
-        else:
-            first = np.cumsum(qlens_np) - qlens_np
-            positions = np.repeat(starts_np - first, qlens_np) + np.arange(num_tokens)
-            token_rows = np.repeat(rows_np, qlens_np)
-        slots = self.tables.host[token_rows, positions // bs] * bs + positions % bs
+        lay = layout(rows, starts, query_lens, self.tables, bs)
+        rows_np, qlens_np, positions, slots = lay.rows, lay.query_lens, lay.positions, lay.slots
+        seq_lens_np = lay.seq_lens
         width = int(self.tables.num_blocks[rows_np].max())
         self.tables.sync()  # this step's new blocks, on the device before the gather
         graph_size = mixed_size = None
-        if self.graphs is not None and num_tokens == num_reqs:  # decodes only
+        eager = self.spec is not None and self.spec.needs_eager_target
+        if self.graphs is not None and num_tokens == num_reqs and not eager:  # decodes only
             graph_size = self.graphs.size_for(num_reqs)
-        if graph_size is None and self.mixed_graphs is not None:
+        if graph_size is None and self.mixed_graphs is not None and not eager:
             mixed_size = self.mixed_graphs.size_for(qlens_np, seq_lens_np)
         fill = None
         if fill_rows:
@@ -371,26 +351,12 @@ class ModelRunner:
                 mixed_size, tokens, qlens_np, seq_lens_np, rows_np, self.tables, width, fill
             )
         else:
-            # One host-to-device copy of every token- and request-level int, then the
-            # step's block tables gathered from the persistent rows on the device.
-            qsl = np.concatenate([[0], np.cumsum(qlens_np)])
-            ids_np = np.array(input_ids, dtype=np.int64)
-            segments = [ids_np, positions, slots, seq_lens_np, qsl, rows_np]
-            ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = to_device_aligned(segments, dev)
+            ids_d, pos_d, meta = eager_inputs(lay, input_ids, self.tables, self.backend, dev, bs)
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
-            meta = AttentionMetadata(
-                num_tokens=num_tokens,
-                query_start_loc=qsl_d,
-                seq_lens=seq_d,
-                slot_mapping=slots_d,
-                block_tables=self.tables.gather(rows_d, width),
-                query_lens_cpu=query_lens,
-                seq_lens_cpu=seq_lens_np.tolist(),
-                block_size=bs,
-            )
-            meta = self.backend.build(meta)
             hidden = self.model(ids_d, pos_d, meta)
+        if self.spec is not None:  # what the proposer reads after verification
+            self.spec.record_step(list(sched.num_scheduled_tokens), lay, hidden)
         if prompt_rows.rows:
             max_rows = min(self.config.scheduler.max_num_seqs, 128)
             prompt_logprobs.compute(self.model, hidden, prompt_rows, max_rows)
@@ -401,7 +367,7 @@ class ModelRunner:
         else:
             sample_rows_d = to_device(torch.tensor(sample_rows, dtype=torch.int64), dev)
             logits = self.model.compute_logits(hidden[sample_rows_d])
-        return ModelOutput(sample_ids, logits)
+        return ModelOutput(sample_ids, logits, drafts if self.spec is not None else None)
 
     @torch.inference_mode()
     def sample(
@@ -409,7 +375,12 @@ class ModelRunner:
     ) -> SampledTokens:
         """Sample one token per row of `model_out` and read them back. `grammar_bitmask`
         ([rows, ceil(V/32)] int32 on the CPU, a set bit allows a token) constrains
-        structured-output rows."""
+        structured-output rows (with speculative decoding, one row per logits row).
+
+        With speculative decoding this verifies the drafts (rejection sampling), appends the
+        accepted tokens and proposes the next drafts: a synchronous step."""
+        if self.spec is not None:
+            return self.spec.verify_and_propose(model_out, grammar_bitmask)
         return self.resolve(self.sample_async(model_out, grammar_bitmask))
 
     @torch.inference_mode()
@@ -475,7 +446,7 @@ class ModelRunner:
             k = st.params.logprobs
             if k is not None and lps is not None:
                 top = list(zip(top_ids[i][:k], top_lps[i][:k])) if k > 0 else []
-                result.logprobs[rid] = (lps[i], top)
+                result.logprobs[rid] = [(lps[i], top)]
             if st.prompt_lp is not None and not st.prompt_lp.sent:
                 # Its first token: every prompt position has been computed by now.
                 result.prompt_logprobs[rid] = st.prompt_lp.take()

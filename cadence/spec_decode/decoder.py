@@ -1,0 +1,179 @@
+"""Speculative decoding on the worker: verify this step's drafts, then propose the next.
+
+The model runner builds a verify step like any other: a request with drafts d_1..d_k runs
+its last sampled token and the k drafts as k + 1 query tokens, and its logits rows are the
+last k + 1 (ModelOutput.drafts says how many per request). Then, in place of sampling:
+
+    verify_and_propose(model_out, grammar_bitmask)
+        sampling inputs per row: row j sees the request's tokens plus d_1..d_j (penalties
+                                 and the min_tokens ban count the drafts before it)
+        verify_rows(...)         accept / reject every row on the device (exact)
+        accepted_prefix(...)     per request: the accepted drafts, then the target's token
+        proposer.propose(step)   the next drafts, from what is now known
+
+Steps with speculation are synchronous (each step's tokens are read back before the next
+is scheduled): the next drafts depend on how many of this step's were accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from cadence.config import SpeculativeConfig
+from cadence.core.scheduler import SampledTokens
+from cadence.sampling_params import SamplingParams
+from cadence.spec_decode.proposer import Proposer, StepRecord
+from cadence.spec_decode.rejection_sampler import accepted_prefix, verify_rows
+from cadence.worker.batch_inputs import StepLayout
+from cadence.worker.sampling_inputs import build_sampling_batch
+from cadence.worker.transfer import to_device
+
+if TYPE_CHECKING:
+    from cadence.worker.model_runner import ModelOutput, ModelRunner
+
+
+@dataclass
+class _RowState:
+    """A request as sampling sees it at one draft position (its tokens plus the drafts
+    before that position)."""
+
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    generator: torch.Generator | None
+
+
+def make_proposer(spec: SpeculativeConfig, runner: ModelRunner) -> Proposer:
+    k = spec.num_speculative_tokens
+    if spec.method == "ngram":
+        from cadence.spec_decode.ngram import NgramProposer
+
+        return NgramProposer(k, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "draft_model":
+        from cadence.spec_decode.draft_model import DraftModelProposer
+
+        return DraftModelProposer(k, spec.model, runner)
+    from cadence.spec_decode.eagle3 import Eagle3Proposer
+
+    return Eagle3Proposer(k, spec.model, runner)
+
+
+class SpecDecoder:
+    def __init__(self, spec: SpeculativeConfig, runner: ModelRunner) -> None:
+        self.config = spec
+        self.runner = runner
+        self.proposer = make_proposer(spec, runner)
+        if self.proposer.needs_aux_hidden:
+            runner.model.keep_aux_hidden(self.proposer.aux_layer_ids)
+        # The proposer reads the target's intermediate hidden states: no CUDA graphs.
+        self.needs_eager_target = self.proposer.needs_aux_hidden
+        self._step: tuple[list[str], StepLayout, torch.Tensor] | None = None
+
+    def kv_bytes_per_block(self) -> int:
+        return self.proposer.kv_bytes_per_block()
+
+    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
+        return self.proposer.allocate_kv_cache(num_blocks)
+
+    def record_step(self, request_ids: list[str], lay: StepLayout, hidden: torch.Tensor) -> None:
+        """The step just launched, for the proposer to read after verification."""
+        self._step = (request_ids, lay, hidden)
+
+    @torch.inference_mode()
+    def verify_and_propose(
+        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None
+    ) -> SampledTokens:
+        runner = self.runner
+        result = SampledTokens()
+        accepted: dict[str, int] = {}
+        if model_out.sample_ids:
+            accepted = self._verify(model_out, grammar_bitmask, result)
+        if self._step is not None:
+            self._propose(model_out, accepted, result)
+            self._step = None
+        for rid in result.sampled:
+            st = runner.requests[rid]
+            if st.prompt_lp is not None and not st.prompt_lp.sent:
+                # Its first token: every prompt position has been computed by now.
+                result.prompt_logprobs[rid] = st.prompt_lp.take()
+        return result
+
+    def _verify(
+        self, model_out: ModelOutput, bitmask: torch.Tensor | None, result: SampledTokens
+    ) -> dict[str, int]:
+        """Accept or reject every request's drafts; append the tokens each yields."""
+        runner = self.runner
+        dev = runner.device
+        states: list[_RowState] = []
+        draft_rows: list[int] = []
+        for rid, drafts in zip(model_out.sample_ids, model_out.drafts):
+            st = runner.requests[rid]
+            for j in range(len(drafts) + 1):
+                tokens = st.token_ids + drafts[:j] if j else st.token_ids
+                states.append(_RowState(tokens, st.num_prompt_tokens, st.params, st.generator))
+            draft_rows += [*drafts, -1]
+        batch = build_sampling_batch(states, dev, runner.vocab_size, runner.eos_token_ids)
+        if bitmask is not None:
+            batch.allowed_bitmask = to_device(bitmask, dev)
+        drafts_d = to_device(torch.tensor(draft_rows, dtype=torch.int64), dev)
+        rows = verify_rows(runner.sampler, model_out.logits, batch, drafts_d)
+        # The step's one read-back: per row, accepted and its token (and logprobs).
+        out = rows.out
+        flags, tokens = torch.stack([rows.accepted.long(), out.token_ids]).tolist()
+        lps = out.logprobs.tolist() if out.logprobs is not None else None
+        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
+        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        num_drafts = [len(d) for d in model_out.drafts]
+        accepted: dict[str, int] = {}
+        row = 0
+        verdicts = accepted_prefix(flags, tokens, num_drafts)
+        for rid, k_drafts, (a, new) in zip(model_out.sample_ids, num_drafts, verdicts):
+            st = runner.requests[rid]
+            st.token_ids.extend(new)
+            result.sampled[rid] = new[-1]
+            if a:
+                result.accepted_drafts[rid] = new[:-1]
+            k = st.params.logprobs
+            if k is not None and lps is not None:
+                result.logprobs[rid] = [
+                    (lps[r], list(zip(top_ids[r][:k], top_lps[r][:k])) if k > 0 else [])
+                    for r in range(row, row + a + 1)
+                ]
+            accepted[rid] = a
+            row += k_drafts + 1
+        return accepted
+
+    def _propose(
+        self, model_out: ModelOutput, accepted: dict[str, int], result: SampledTokens
+    ) -> None:
+        runner = self.runner
+        request_ids, lay, hidden = self._step
+        drafts = dict(zip(model_out.sample_ids, model_out.drafts or []))
+        valid_ends, sampled, token_ids, caps = [], [], [], []
+        for i, rid in enumerate(request_ids):
+            st = runner.requests[rid]
+            end = int(lay.starts[i] + lay.query_lens[i])
+            if rid in accepted:  # rejected drafts' positions are not the request's
+                end -= len(drafts[rid]) - accepted[rid]
+            valid_ends.append(end)
+            sampled.append(rid in accepted)
+            token_ids.append(st.token_ids)
+            caps.append(self._max_drafts(st))
+        aux = runner.model.aux_hidden if self.proposer.needs_aux_hidden else None
+        step = StepRecord(request_ids, lay, hidden, aux, valid_ends, sampled, token_ids)
+        for rid, proposal in zip(request_ids, self.proposer.propose(step, caps)):
+            if proposal:
+                result.proposals[rid] = proposal
+
+    def _max_drafts(self, st) -> int:
+        """Drafts worth proposing: the next step yields up to drafts + 1 tokens, within
+        max_tokens and the context."""
+        cap = self.config.num_speculative_tokens
+        cap = min(cap, self.runner.max_model_len - len(st.token_ids) - 1)
+        max_tokens = st.params.max_tokens
+        if max_tokens is not None:
+            cap = min(cap, max_tokens - (len(st.token_ids) - st.num_prompt_tokens) - 1)
+        return max(cap, 0)

@@ -1,0 +1,175 @@
+"""Draft-model proposals: a smaller model with the target's tokenizer guesses k tokens.
+
+The draft keeps its own K/V (one tensor per layer, same block ids and slots as the target;
+the pool sizing counts both). After each verification, per request that ran this step:
+
+    catch-up   one forward over the positions the target computed and kept this step,
+               plus the target's new token: [start, valid_end] (a prefill chunk:
+               [start, start + n)), so the draft's K/V matches the target's everywhere
+               the target's is valid; its last logits give draft token 1 (on a GPU,
+               a CUDA graph of the step's token bucket where one is captured)
+    k - 1 steps  one token each, greedy, at the next positions (the lookahead slots the
+               KV manager reserved); on a GPU these replay CUDA graphs of the draft
+
+Rejected guesses leave K/V past the request's valid end; the next catch-up overwrites it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from cadence.layers.sampler import _argmax
+from cadence.loader.loader import load_hf_config, load_model, resolve_model_path
+from cadence.spec_decode.proposer import Proposer, StepRecord
+from cadence.worker.backends import make_attention_backend
+from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
+from cadence.worker.cuda_graphs import DecodeGraphs
+from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
+from cadence.worker.mixed_graphs import MixedGraphs
+
+if TYPE_CHECKING:
+    from cadence.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class DraftModelProposer(Proposer):
+    def __init__(self, k: int, model: str, runner: ModelRunner) -> None:
+        super().__init__(k)
+        self.runner = runner
+        path = resolve_model_path(model)
+        hf_config = load_hf_config(path)
+        draft_vocab = int(hf_config.vocab_size)
+        if draft_vocab > runner.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({draft_vocab}) is larger than the target's "
+                f"({runner.vocab_size}): it must share the target's tokenizer"
+            )
+        self.backend = make_attention_backend(
+            runner.config.attention_backend, runner.device, hf_config
+        )
+        mc = runner.config.model
+        # Its guesses run up to k positions past the target's context.
+        self.model = load_model(
+            path,
+            hf_config,
+            runner.dtype,
+            runner.device,
+            self.backend,
+            runner.max_model_len + k,
+            mc.load_format,
+            mc.seed,
+        )
+        self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None
+        logger.info("draft model %s: %d layers", path, hf_config.num_hidden_layers)
+
+    def attention_layers(self) -> list:
+        return self.model.attention_layers()
+
+    def kv_bytes_per_block(self) -> int:
+        return kv_bytes_per_block(self.model, self.runner.block_size, self.runner.dtype)
+
+    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
+        r = self.runner
+        return bind_kv_caches(self.model, num_blocks, r.block_size, r.dtype, r.device)
+
+    def capture_graphs(self) -> None:
+        """Graphs of its guessing steps (one token a request) and of its catch-ups (token
+        buckets): eager, a small model's step is all kernel launches."""
+        r = self.runner
+        if not hasattr(self.backend, "decode_plan"):
+            return
+        t0 = time.perf_counter()
+        sc = r.config.scheduler
+        max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
+        self.graphs = DecodeGraphs(
+            self.model, self.backend, r.device, max_batch, r.max_blocks_per_seq, r.block_size
+        )
+        self.graphs.capture()
+        if hasattr(self.backend, "mixed_graph_plan"):
+            self.mixed = MixedGraphs(
+                self.model,
+                self.backend,
+                r.device,
+                sc.max_num_batched_tokens,
+                sc.max_num_seqs,
+                r.max_blocks_per_seq,
+                r.block_size,
+            )
+            self.mixed.capture()
+        logger.info("captured the draft model's CUDA graphs in %.1f s", time.perf_counter() - t0)
+
+    @torch.inference_mode()
+    def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
+        r = self.runner
+        dev, bs = r.device, r.block_size
+        ids: list[int] = []
+        rows, starts, qlens = [], [], []
+        last_rows: list[int] = []  # each proposing request's last catch-up token
+        proposing: list[int] = []  # its index in the step
+        for i, tokens in enumerate(step.token_ids):
+            start = int(step.layout.starts[i])
+            end = step.valid_ends[i] + step.sampled[i]  # the new token too, if any
+            ids.extend(tokens[start:end])
+            rows.append(int(step.layout.rows[i]))
+            starts.append(start)
+            qlens.append(end - start)
+            if step.sampled[i] and max_drafts[i] > 0:
+                last_rows.append(len(ids) - 1)
+                proposing.append(i)
+        lay = layout(rows, starts, qlens, r.tables, bs)
+        hidden = self._catch_up(lay, ids)
+        out: list[list[int]] = [[] for _ in step.token_ids]
+        if not proposing:
+            return out
+        last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
+        token = _argmax(self.model.compute_logits(hidden[last]))
+        guesses = [token]
+        prop_rows = lay.rows[proposing]
+        positions = np.array([step.valid_ends[i] + 1 for i in proposing], dtype=np.int64)
+        for _ in range(max(max_drafts[i] for i in proposing) - 1):
+            token = self._decode(token, prop_rows, positions)
+            guesses.append(token)
+            positions = positions + 1
+        table = torch.stack(guesses, dim=1).tolist()  # the one read-back
+        for i, row in zip(proposing, table):
+            out[i] = row[: max_drafts[i]]
+        return out
+
+    def _catch_up(self, lay: StepLayout, ids: list[int]) -> torch.Tensor:
+        """The draft's forward over the step's kept positions (writes its K/V)."""
+        r = self.runner
+        size = self.mixed.size_for(lay.query_lens, lay.seq_lens) if self.mixed else None
+        if size is not None:
+            tokens = np.stack([np.array(ids, dtype=np.int64), lay.positions, lay.slots])
+            width = int(r.tables.num_blocks[lay.rows].max())
+            return self.mixed.run(
+                size, tokens, lay.query_lens, lay.seq_lens, lay.rows, r.tables, width
+            )
+        ids_d, pos_d, meta = eager_inputs(lay, ids, r.tables, self.backend, r.device, r.block_size)
+        return self.model(ids_d, pos_d, meta)
+
+    def _decode(self, token: torch.Tensor, rows: np.ndarray, positions: np.ndarray):
+        """One greedy step of the draft: `token` (on the device) at `positions`."""
+        r = self.runner
+        bs = r.block_size
+        lay = layout(rows, positions, np.ones_like(positions), r.tables, bs)
+        n = len(rows)
+        size = self.graphs.size_for(n) if self.graphs is not None else None
+        if size is not None:
+            fill = (torch.arange(n, device=r.device), token)
+            inputs = np.stack(
+                [np.zeros(n, dtype=np.int64), positions, lay.slots, lay.seq_lens, rows]
+            )
+            width = int(r.tables.num_blocks[rows].max())
+            hidden = self.graphs.run(size, inputs, r.tables, width, fill)
+        else:
+            _, pos_d, meta = eager_inputs(lay, np.zeros(n), r.tables, self.backend, r.device, bs)
+            hidden = self.model(token, pos_d, meta)
+        return _argmax(self.model.compute_logits(hidden))

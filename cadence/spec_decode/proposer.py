@@ -1,0 +1,70 @@
+"""The proposer seam: who guesses the next tokens.
+
+After each step's verification the decoder hands every proposer the same record of the
+step (`StepRecord`): which requests ran which positions, the target's hidden states, and
+for each request how many of its tokens are now final. A proposer returns up to k draft
+tokens per request that sampled; the scheduler verifies them next step.
+
+    ngram        prompt lookup over the request's own tokens (no model, no KV)
+    draft_model  a smaller model with the target's tokenizer, its own KV cache in the
+                 target's blocks (same block tables, a second tensor per layer)
+    eagle3       EAGLE-3 heads: one decoder layer over three of the target's layers
+
+Proposers that run a model write their K/V at the same slots as the target: the KV
+manager reserves `num_speculative_tokens` lookahead slots past each request's scheduled
+tokens for the guesses' K/V, and catches up over exactly the positions the target
+computed, so a block the prefix cache shares holds valid draft K/V too.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from cadence.worker.batch_inputs import StepLayout
+
+
+@dataclass
+class StepRecord:
+    """One step, after verification, as the proposers see it."""
+
+    request_ids: list[str]  # in batch order
+    layout: StepLayout  # positions and slots of the step's query tokens
+    hidden: torch.Tensor  # [T, hidden] the target's final hidden states
+    aux_hidden: list[torch.Tensor] | None  # EAGLE-3: [T, hidden] at the chosen layers
+    # per request: tokens whose K/V is now final ([start, valid_end) of its query) ...
+    valid_ends: list[int]
+    # ... and whether it sampled (then token_ids[valid_end] is its new token)
+    sampled: list[bool]
+    token_ids: list[list[int]]  # each request's tokens (prompt + output) after the step
+
+
+class Proposer(ABC):
+    needs_aux_hidden = False  # EAGLE-3: the target must keep three layers' hidden states
+
+    def __init__(self, k: int) -> None:
+        self.k = k  # drafts per request and step, at most
+
+    def attention_layers(self) -> list:
+        """The attention layers of its own model, whose K/V it keeps ([]: none)."""
+        return []
+
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of its own K/V per pool block (0: it keeps none)."""
+        return 0
+
+    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
+        """Its K/V for `num_blocks` blocks (called once the pool is sized)."""
+        return []
+
+    def capture_graphs(self) -> None:
+        """CUDA graphs of its own model's steps, if it has any (called once, on a GPU).
+        A proposer without a model has none to capture."""
+        return None
+
+    @abstractmethod
+    def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
+        """Draft tokens per request of `step` (in its order); [] for those that did not
+        sample. `max_drafts[i]` caps request i's (the context's end)."""

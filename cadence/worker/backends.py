@@ -1,0 +1,26 @@
+"""Which attention backend a model runs with (the target's, and a draft model's own)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from cadence.attention.base import AttentionBackend
+from cadence.attention.torch_ref import TorchAttentionBackend
+from cadence.layers.linear import local_kv_heads
+
+
+def make_attention_backend(name: str, device: torch.device, hf_config) -> AttentionBackend:
+    """`name` (auto: triton on CUDA, torch elsewhere) for a model of `hf_config`."""
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    if device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
+        raise ValueError("the triton attention backend needs a CUDA device")
+    from cadence.attention.triton_paged import TritonAttentionBackend
+
+    kv_heads = getattr(hf_config, "num_key_value_heads", None)
+    kv_heads = local_kv_heads(kv_heads or hf_config.num_attention_heads)
+    return TritonAttentionBackend(num_kv_heads=kv_heads)
