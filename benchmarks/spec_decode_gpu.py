@@ -83,6 +83,25 @@ def timed_steps(engine, n: int = STEPS) -> list[float]:
     return times
 
 
+def profile(engine, name: str, steps: int = 10) -> None:
+    """torch.profiler over a few steps: where the time goes, host and device."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        wall = sum(timed_steps(engine, steps))
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events) / steps
+    print(
+        f"== profile {name}: wall {wall / steps * 1e3:.2f} ms/step, GPU busy "
+        f"{gpu_us / 1e3:.2f} ms/step",
+        flush=True,
+    )
+    print(events.table(sort_by="self_device_time_total", row_limit=12), flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+
+
 def finish(engine) -> None:
     engine.abort(list(engine.scheduler.requests))
     engine.flush()
@@ -119,6 +138,8 @@ def mode_verify(args) -> None:
                 ),
                 flush=True,
             )
+            if args.profile and batch == 1 and drafts in (0, 4):
+                profile(engine, f"verify b1 {drafts + 1} tokens")
         finish(engine)
 
 
@@ -139,6 +160,8 @@ def mode_plain(args) -> None:
             ),
             flush=True,
         )
+        if args.profile and batch == 1:
+            profile(engine, "plain b1")
         finish(engine)
 
 
@@ -184,6 +207,8 @@ def mode_draft(args) -> None:
             ),
             flush=True,
         )
+        if args.profile and batch == 1:
+            profile(engine, f"draft b1 {args.draft}")
         finish(engine)
 
 
@@ -193,6 +218,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--draft")
     ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("--profile", action="store_true", help="torch.profiler tables at batch 1")
     args = ap.parse_args()
     {"verify": mode_verify, "plain": mode_plain, "draft": mode_draft}[args.mode](args)
 
