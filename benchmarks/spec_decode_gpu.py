@@ -52,7 +52,7 @@ def add_batch(engine, batch: int, tag: str) -> None:
     rng = random.Random(batch)
     params = SamplingParams(temperature=0, max_tokens=3000, ignore_eos=True)
     for i in range(batch):
-        prompt = [rng.randrange(1000, 100_000) for _ in range(PROMPT_LEN)]
+        prompt = [rng.randrange(10, engine.vocab_size) for _ in range(PROMPT_LEN)]
         engine.add_request(f"{tag}-{i}", prompt, params)
 
 

@@ -5,9 +5,10 @@ Per step, `build` turns block tables into flat cache-slot indices once, shared b
 layers. Per layer, new K/V are written into their slots first (so a prefix-cache hit on a
 block computed in this same step reads what this step wrote), then:
 
-  - requests decoding one token are batched into a single padded SDPA call;
-  - prefill chunks run one SDPA call each, over cached prefix + chunk, with a causal mask
-    offset by the number of tokens already in the cache.
+  - requests with a short query (decoding one token, or verifying a few draft tokens:
+    up to SHORT_QUERY tokens) are batched into a single padded SDPA call;
+  - longer prefill chunks run one SDPA call each, over cached prefix + chunk, with a
+    causal mask offset by the number of tokens already in the cache.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ import torch.nn.functional as F
 from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.layers.rotary import apply_rotary
 
+# Queries up to this many tokens join the batched call (decodes, speculative verifies).
+SHORT_QUERY = 16
+
 
 @dataclass
 class _Plan:
-    # decode group: rows of single-token queries
-    decode_rows: torch.Tensor | None  # [Bd] query token index of each
-    decode_slots: torch.Tensor | None  # [Bd, Lmax] cache slots (padding -> slot 0)
-    decode_mask: torch.Tensor | None  # [Bd, 1, 1, Lmax] True where a real key
+    # short queries, padded to Q tokens each: B requests
+    short_rows: torch.Tensor | None  # [B * Q] query token index of each row (padding: any)
+    short_real: torch.Tensor | None  # [B * Q] bool: a real query token (not padding)
+    short_slots: torch.Tensor | None  # [B, Lmax] cache slots of keys (padding -> slot 0)
+    short_mask: torch.Tensor | None  # [B, 1, Q, Lmax] True where the query sees the key
     # prefill chunks: (query start, query len, slots of keys [L], causal mask [q, L])
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]
 
@@ -38,16 +43,12 @@ class TorchAttentionBackend(AttentionBackend):
         device = meta.slot_mapping.device
         bs = meta.block_size
         tables = meta.block_tables.cpu()
-        decode_rows: list[int] = []
-        decode_lens: list[int] = []
-        decode_tables: list[int] = []
+        short: list[tuple[int, int, int, int]] = []  # (request, first row, query len, keys)
         prefills = []
         start = 0
         for b, (qlen, slen) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu)):
-            if qlen == 1:
-                decode_rows.append(start)
-                decode_lens.append(slen)
-                decode_tables.append(b)
+            if qlen <= SHORT_QUERY:
+                short.append((b, start, qlen, slen))
             else:
                 pos = torch.arange(slen)
                 slots = (tables[b, pos // bs] * bs + pos % bs).to(device)
@@ -56,16 +57,25 @@ class TorchAttentionBackend(AttentionBackend):
                 mask = (pos[None, :] <= qpos).to(device)
                 prefills.append((start, qlen, slots, mask))
             start += qlen
-        plan = _Plan(None, None, None, prefills)
-        if decode_rows:
-            lmax = max(decode_lens)
+        plan = _Plan(None, None, None, None, prefills)
+        if short:
+            reqs = torch.tensor(short)
+            first, qlens, slens = reqs[:, 1], reqs[:, 2], reqs[:, 3]
+            qmax, lmax = int(qlens.max()), int(slens.max())
+            i = torch.arange(qmax)
+            real = i[None, :] < qlens[:, None]  # [B, Q]
+            rows = torch.where(real, first[:, None] + i, first[:, None])
             pos = torch.arange(lmax)
-            rows = tables[decode_tables]
-            slots = rows[:, pos // bs] * bs + pos % bs
-            valid = pos[None, :] < torch.tensor(decode_lens)[:, None]
-            plan.decode_rows = torch.tensor(decode_rows, device=device)
-            plan.decode_slots = torch.where(valid, slots, 0).to(device)
-            plan.decode_mask = valid[:, None, None, :].to(device)
+            slots = tables[reqs[:, 0]][:, pos // bs] * bs + pos % bs
+            valid = pos[None, :] < slens[:, None]  # [B, L]
+            # Query i of a request sits at position (keys - query len + i): causal.
+            qpos = (slens - qlens)[:, None] + i  # [B, Q]
+            mask = valid[:, None, :] & (pos[None, None, :] <= qpos[:, :, None])
+            mask[:, :, 0] |= ~real  # a padding row sees key 0: no row is all -inf (NaN)
+            plan.short_rows = rows.flatten().to(device)
+            plan.short_real = real.flatten().to(device)
+            plan.short_slots = torch.where(valid, slots, 0).to(device)
+            plan.short_mask = mask[:, None].to(device)
         meta.backend_data = plan
         return meta
 
@@ -82,18 +92,27 @@ class TorchAttentionBackend(AttentionBackend):
 
         plan: _Plan = meta.backend_data
         out = torch.empty_like(q)
-        if plan.decode_rows is not None:
-            # GQA as a short query: the G query heads that share a KV head become G query
-            # rows of that head, so SDPA runs B * Hkv small problems instead of B * Hq
-            # (about 3x faster on CPUs than enable_gqa, and no K/V repeat).
+        if plan.short_rows is not None:
+            # GQA as a longer query: the G query heads that share a KV head become G query
+            # rows of that head (per query token), so SDPA runs B * Hkv small problems
+            # instead of B * Hq (about 3x faster on CPUs than enable_gqa, no K/V repeat).
             num_heads = q.shape[1]
             group = num_heads // num_kv_heads
-            rows = plan.decode_rows.numel()
-            qd = q[plan.decode_rows].view(rows, num_kv_heads, group, head_dim)
-            kd = k_flat[plan.decode_slots].transpose(1, 2)  # [Bd, Hkv, L, D]
-            vd = v_flat[plan.decode_slots].transpose(1, 2)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=plan.decode_mask, scale=scale)
-            out[plan.decode_rows] = od.reshape(rows, num_heads, head_dim)
+            b, qmax = plan.short_mask.shape[0], plan.short_mask.shape[2]
+            qs = q[plan.short_rows].view(b, qmax, num_kv_heads, group, head_dim)
+            qs = qs.transpose(1, 2).reshape(b, num_kv_heads, qmax * group, head_dim)
+            ks = k_flat[plan.short_slots].transpose(1, 2)  # [B, Hkv, L, D]
+            vs = v_flat[plan.short_slots].transpose(1, 2)
+            mask = plan.short_mask
+            if qmax > 1:  # each query token's mask row, once per head of its group
+                mask = mask.repeat_interleave(group, dim=2)
+            os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+            os_ = os_.view(b, num_kv_heads, qmax, group, head_dim).transpose(1, 2)
+            os_ = os_.reshape(b * qmax, num_heads, head_dim)
+            if qmax == 1:
+                out[plan.short_rows] = os_
+            else:
+                out[plan.short_rows[plan.short_real]] = os_[plan.short_real]
         for start, qlen, slots, mask in plan.prefills:
             qp = q[start : start + qlen].transpose(0, 1)  # [Hq, q, D]
             kp = k_flat[slots].transpose(0, 1)  # [Hkv, L, D]

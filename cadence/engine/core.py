@@ -23,7 +23,8 @@ import time
 from cadence.config import DEFAULT_BATCHED_TOKENS, EngineConfig
 from cadence.core.kv_cache import KVCacheManager, make_block_hasher
 from cadence.core.request import Request, RequestStatus
-from cadence.core.scheduler import RequestUpdate, Scheduler, SchedulerStats
+from cadence.core.scheduler import Scheduler
+from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
 from cadence.executor import make_executor
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cadence.core.scheduler import RequestUpdate
+from cadence.core.scheduler_output import RequestUpdate
 from cadence.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cadence.sampling_params import SamplingParams
 

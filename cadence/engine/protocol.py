@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from cadence.core.scheduler import RequestUpdate
+from cadence.core.scheduler_output import RequestUpdate
 from cadence.sampling_params import SamplingParams
 
 ADD = b"add"

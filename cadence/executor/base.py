@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from cadence.core.scheduler import SampledTokens, SchedulerOutput
+from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
 
 if TYPE_CHECKING:
     import torch

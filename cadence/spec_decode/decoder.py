@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from cadence.config import SpeculativeConfig
-from cadence.core.scheduler import SampledTokens
+from cadence.core.scheduler_output import SampledTokens
 from cadence.sampling_params import SamplingParams
 from cadence.spec_decode.proposer import Proposer, StepRecord
 from cadence.spec_decode.rejection_sampler import accepted_prefix, verify_rows

@@ -17,7 +17,7 @@ import torch
 
 from cadence.attention.base import AttentionBackend
 from cadence.config import EngineConfig
-from cadence.core.scheduler import SampledTokens, SchedulerOutput
+from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
 from cadence.distributed.communication import broadcast_, min_over_ranks
 from cadence.distributed.one_shot import ONE_SHOT_MAX_BYTES
 from cadence.distributed.parallel_state import enable_one_shot, get_tp

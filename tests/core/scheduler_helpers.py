@@ -12,7 +12,8 @@ from collections.abc import Iterable, Sequence
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager, make_block_hasher
 from cadence.core.request import Request, RequestStatus
-from cadence.core.scheduler import RequestUpdate, SampledTokens, Scheduler, SchedulerOutput
+from cadence.core.scheduler import Scheduler
+from cadence.core.scheduler_output import RequestUpdate, SampledTokens, SchedulerOutput
 from cadence.sampling_params import SamplingParams
 
 BS = 4

@@ -20,7 +20,8 @@ from scheduler_helpers import (
 
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
-from cadence.core.scheduler import SampledTokens, Scheduler
+from cadence.core.scheduler import Scheduler
+from cadence.core.scheduler_output import SampledTokens
 
 K = 3
 

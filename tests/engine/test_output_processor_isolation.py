@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from cadence.core.scheduler import RequestUpdate
+from cadence.core.scheduler_output import RequestUpdate
 from cadence.engine.output_processor import OutputProcessor
 from cadence.sampling_params import SamplingParams
 

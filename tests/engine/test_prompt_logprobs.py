@@ -14,7 +14,7 @@ import torch
 from model_helpers import ARCHS, make_prompts
 
 from cadence import LLM, SamplingParams
-from cadence.core.scheduler import RequestUpdate
+from cadence.core.scheduler_output import RequestUpdate
 
 TOL = 1e-4
 

@@ -24,7 +24,7 @@ import zmq
 from engine_helpers import process_alive, wait_gone
 from server_helper import Server
 
-from cadence.core.scheduler import SchedulerStats
+from cadence.core.scheduler_output import SchedulerStats
 from cadence.engine import protocol as P
 from cadence.engine.core_proc import EngineExit, EngineLoop, make_outbox, send_or_exit
 from cadence.structured.manager import GrammarStats

@@ -1,0 +1,70 @@
+"""The torch reference backend: short queries (decodes and speculative verifies, batched
+into one padded call) and long prefill chunks (one call each) both equal plain causal
+attention over each request's cached prefix and query, with grouped KV heads."""
+
+from __future__ import annotations
+
+import torch
+
+from cadence.attention.base import AttentionMetadata
+from cadence.attention.torch_ref import SHORT_QUERY, TorchAttentionBackend
+
+BS, HQ, HKV, D = 4, 4, 2, 8
+
+
+def reference(q, keys, values, ctx):
+    """Causal attention of q [n, Hq, D] at positions ctx.. over keys [ctx + n, Hkv, D]."""
+    k = keys.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
+    v = values.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
+    n, total = q.shape[0], keys.shape[0]
+    mask = torch.arange(total)[None, :] <= (ctx + torch.arange(n))[:, None]
+    scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * D**-0.5
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return (probs @ v).transpose(0, 1)
+
+
+def test_short_and_long_queries_equal_plain_attention():
+    g = torch.Generator().manual_seed(0)
+    qlens = [1, 3, SHORT_QUERY, SHORT_QUERY + 1, 5, 1]
+    ctxs = [7, 0, 12, 3, 30, 1]
+    num_blocks = 64
+    cache = torch.zeros(2, num_blocks, BS, HKV, D)
+    perm = torch.randperm(num_blocks - 1, generator=g) + 1
+    tables, next_block, slots, kv_per_req = [], 0, [], []
+    for qlen, ctx in zip(qlens, ctxs):
+        n = -(-(ctx + qlen) // BS)
+        tables.append(perm[next_block : next_block + n])
+        next_block += n
+        keys = torch.randn(ctx + qlen, HKV, D, generator=g)
+        values = torch.randn(ctx + qlen, HKV, D, generator=g)
+        kv_per_req.append((keys, values))
+        pos = torch.arange(ctx + qlen)
+        flat = tables[-1][pos // BS] * BS + pos % BS
+        cache[0].view(-1, HKV, D)[flat[:ctx]] = keys[:ctx]  # the cached prefix
+        cache[1].view(-1, HKV, D)[flat[:ctx]] = values[:ctx]
+        slots.append(flat[ctx:])
+    width = max(len(t) for t in tables)
+    table = torch.zeros(len(qlens), width, dtype=torch.int64)
+    for i, t in enumerate(tables):
+        table[i, : len(t)] = t
+    q = torch.randn(sum(qlens), HQ, D, generator=g)
+    k = torch.cat([kv[0][ctx:] for kv, ctx in zip(kv_per_req, ctxs)])
+    v = torch.cat([kv[1][ctx:] for kv, ctx in zip(kv_per_req, ctxs)])
+    seq_lens = [c + n for c, n in zip(ctxs, qlens)]
+    meta = AttentionMetadata(
+        num_tokens=sum(qlens),
+        query_start_loc=torch.tensor([0, *torch.tensor(qlens).cumsum(0).tolist()]),
+        seq_lens=torch.tensor(seq_lens),
+        slot_mapping=torch.cat(slots),
+        block_tables=table,
+        query_lens_cpu=qlens,
+        seq_lens_cpu=seq_lens,
+        block_size=BS,
+    )
+    backend = TorchAttentionBackend()
+    out = backend.forward(q, k, v, cache, backend.build(meta), D**-0.5)
+    start = 0
+    for (keys, values), qlen, ctx in zip(kv_per_req, qlens, ctxs):
+        want = reference(q[start : start + qlen], keys, values, ctx)
+        torch.testing.assert_close(out[start : start + qlen], want, rtol=1e-5, atol=1e-5)
+        start += qlen
