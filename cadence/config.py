@@ -90,6 +90,9 @@ class SpeculativeConfig:
     model: str | None = None  # draft_model: a smaller model (same tokenizer); eagle3: the heads
     prompt_lookup_min: int = 2  # ngram: the shortest suffix matched, in tokens
     prompt_lookup_max: int = 5  # ngram: the longest suffix matched, in tokens
+    # No drafts while this many requests or more run in a step: at large batches a step
+    # is compute-bound and verifying guesses costs more than it saves. None: always draft.
+    disable_by_batch_size: int | None = None
 
     # vLLM's names for the same things, accepted as aliases.
     _ALIASES = {"eagle-3": "eagle3", "draft": "draft_model", "[ngram]": "ngram"}
@@ -132,6 +135,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method {self.method} needs a model (its checkpoint)")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
+            raise ValueError("disable_by_batch_size must be positive")
 
     def describe(self) -> str:
         what = (

@@ -160,7 +160,8 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
         metavar="JSON",
         help='speculative decoding, as a JSON object: {"method": "ngram" | "draft_model" | '
         '"eagle3", "num_speculative_tokens": K, "model": PATH (draft_model, eagle3), '
-        '"prompt_lookup_min": N, "prompt_lookup_max": N (ngram)} (default: off)',
+        '"prompt_lookup_min": N, "prompt_lookup_max": N (ngram), "disable_by_batch_size": N} '
+        "(default: off)",
     )
     for section, f, typ, _optional, help_text in _engine_fields():
         flags = ["--" + f.name.replace("_", "-")]

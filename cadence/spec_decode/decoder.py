@@ -162,6 +162,9 @@ class SpecDecoder:
             sampled.append(rid in accepted)
             token_ids.append(st.token_ids)
             caps.append(self._max_drafts(st))
+        limit = self.config.disable_by_batch_size
+        if limit is not None and len(request_ids) >= limit:
+            caps = [0] * len(caps)  # a draft model still catches up: its K/V stays valid
         aux = runner.model.aux_hidden if self.proposer.needs_aux_hidden else None
         step = StepRecord(request_ids, lay, hidden, aux, valid_ends, sampled, token_ids)
         for rid, proposal in zip(request_ids, self.proposer.propose(step, caps)):

@@ -136,3 +136,10 @@ def test_penalties_see_the_drafts_before_them(tiny_model_dir, drafts):
         outs[method] = [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)]
     assert outs["ngram"] == outs[None]
     assert outs["draft_model"] == outs[None]
+
+
+def test_no_drafts_at_or_above_disable_by_batch_size(tiny_model_dir, drafts, reference):
+    spec = {**drafts["draft_model"], "disable_by_batch_size": len(prompts())}
+    llm, outs = generate(tiny_model_dir("llama"), spec)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    assert llm.engine.scheduler.spec_stats.num_verifications == 0
