@@ -54,7 +54,8 @@ class EngineCore:
         # parallel ranks elsewhere too); `runner` is the name the loop reads it by.
         self.runner = make_executor(config)
         cache = config.cache
-        pool_tokens = self.runner.num_blocks * cache.block_size
+        # (Speculation: a request also holds k lookahead slots past its tokens.)
+        pool_tokens = self.runner.num_blocks * cache.block_size - config.num_lookahead_tokens
         self.max_model_len = self.runner.max_model_len
         if pool_tokens < self.max_model_len:
             # A request the pool cannot hold alone would preempt itself forever.

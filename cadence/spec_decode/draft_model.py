@@ -25,11 +25,10 @@ import torch
 
 from cadence.layers.sampler import _argmax
 from cadence.loader.loader import load_hf_config, load_model, resolve_model_path
-from cadence.spec_decode.proposer import Proposer, StepRecord
+from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
 from cadence.worker.cuda_graphs import DecodeGraphs
-from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.mixed_graphs import MixedGraphs
 
 if TYPE_CHECKING:
@@ -38,10 +37,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class DraftModelProposer(Proposer):
+class DraftModelProposer(ModelProposer):
     def __init__(self, k: int, model: str, runner: ModelRunner) -> None:
-        super().__init__(k)
-        self.runner = runner
+        super().__init__(k, runner)
         path = resolve_model_path(model)
         hf_config = load_hf_config(path)
         draft_vocab = int(hf_config.vocab_size)
@@ -65,19 +63,10 @@ class DraftModelProposer(Proposer):
             mc.load_format,
             mc.seed,
         )
+        self.kv_model = self.model
         self.graphs: DecodeGraphs | None = None
         self.mixed: MixedGraphs | None = None
         logger.info("draft model %s: %d layers", path, hf_config.num_hidden_layers)
-
-    def attention_layers(self) -> list:
-        return self.model.attention_layers()
-
-    def kv_bytes_per_block(self) -> int:
-        return kv_bytes_per_block(self.model, self.runner.block_size, self.runner.dtype)
-
-    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
-        r = self.runner
-        return bind_kv_caches(self.model, num_blocks, r.block_size, r.dtype, r.device)
 
     def capture_graphs(self) -> None:
         """Graphs of its guessing steps (one token a request) and of its catch-ups (token
@@ -125,9 +114,8 @@ class DraftModelProposer(Proposer):
                 proposing.append(i)
         lay = layout(rows, starts, qlens, r.tables, bs)
         hidden = self._catch_up(lay, ids)
-        out: list[list[int]] = [[] for _ in step.token_ids]
         if not proposing:
-            return out
+            return [[] for _ in step.token_ids]
         last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
         token = _argmax(self.model.compute_logits(hidden[last]))
         guesses = [token]
@@ -137,10 +125,7 @@ class DraftModelProposer(Proposer):
             token = self._decode(token, prop_rows, positions)
             guesses.append(token)
             positions = positions + 1
-        table = torch.stack(guesses, dim=1).tolist()  # the one read-back
-        for i, row in zip(proposing, table):
-            out[i] = row[: max_drafts[i]]
-        return out
+        return self.read_back(guesses, proposing, max_drafts, len(step.token_ids))
 
     def _catch_up(self, lay: StepLayout, ids: list[int]) -> torch.Tensor:
         """The draft's forward over the step's kept positions (writes its K/V)."""

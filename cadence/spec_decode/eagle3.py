@@ -37,10 +37,9 @@ from cadence.layers.rotary import RotaryEmbedding
 from cadence.layers.sampler import _argmax
 from cadence.loader.loader import iter_safetensors, load_hf_config, resolve_model_path
 from cadence.models.llama import MLP, Attention
-from cadence.spec_decode.proposer import Proposer, StepRecord
+from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import eager_inputs, layout
-from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 
 if TYPE_CHECKING:
     from cadence.worker.model_runner import ModelRunner
@@ -156,12 +155,11 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"the EAGLE-3 checkpoint lacks {missing[:5]}")
 
 
-class Eagle3Proposer(Proposer):
+class Eagle3Proposer(ModelProposer):
     needs_aux_hidden = True
 
     def __init__(self, k: int, model: str, runner: ModelRunner) -> None:
-        super().__init__(k)
-        self.runner = runner
+        super().__init__(k, runner)
         path = resolve_model_path(model)
         config = load_hf_config(path)
         with open(os.path.join(path, "config.json")) as f:
@@ -193,22 +191,13 @@ class Eagle3Proposer(Proposer):
         else:
             self.head.load_weights(iter_safetensors(path))
         self.embed = self.head.embed_tokens or runner.model.embed_tokens
+        self.kv_model = self.head
         logger.info(
             "EAGLE-3 head %s: draft vocabulary %d, target layers %s",
             path,
             self.head.draft_vocab,
             self.aux_layer_ids,
         )
-
-    def attention_layers(self) -> list:
-        return self.head.attention_layers()
-
-    def kv_bytes_per_block(self) -> int:
-        return kv_bytes_per_block(self.head, self.runner.block_size, self.runner.dtype)
-
-    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
-        r = self.runner
-        return bind_kv_caches(self.head, num_blocks, r.block_size, r.dtype, r.device)
 
     @torch.inference_mode()
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
@@ -231,9 +220,8 @@ class Eagle3Proposer(Proposer):
         rows_d = torch.tensor(flat_rows, dtype=torch.int64, device=dev)
         hidden_in = self.head.fc(aux[rows_d])
         normed, prenorm = self.head(ids_d, pos_d, hidden_in, meta, self.embed)
-        out: list[list[int]] = [[] for _ in step.token_ids]
         if not proposing:
-            return out
+            return [[] for _ in step.token_ids]
         last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
         token, hidden = self.head.guess(normed[last]), prenorm[last]
         guesses = [token]
@@ -246,7 +234,4 @@ class Eagle3Proposer(Proposer):
             token = self.head.guess(normed)
             guesses.append(token)
             positions = positions + 1
-        table = torch.stack(guesses, dim=1).tolist()  # the one read-back
-        for i, row in zip(proposing, table):
-            out[i] = row[: max_drafts[i]]
-        return out
+        return self.read_back(guesses, proposing, max_drafts, len(step.token_ids))

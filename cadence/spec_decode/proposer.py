@@ -20,10 +20,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from cadence.worker.batch_inputs import StepLayout
+from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from cadence.worker.model_runner import ModelRunner
 
 
 @dataclass
@@ -68,3 +75,35 @@ class Proposer(ABC):
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
         """Draft tokens per request of `step` (in its order); [] for those that did not
         sample. `max_drafts[i]` caps request i's (the context's end)."""
+
+
+class ModelProposer(Proposer):
+    """A proposer that runs a model of its own (`kv_model`), whose attention layers keep
+    K/V in the target's blocks: same block size, dtype and device as the target's."""
+
+    kv_model: nn.Module  # set by the subclass; has attention_layers()
+
+    def __init__(self, k: int, runner: ModelRunner) -> None:
+        super().__init__(k)
+        self.runner = runner
+
+    def attention_layers(self) -> list:
+        return self.kv_model.attention_layers()
+
+    def kv_bytes_per_block(self) -> int:
+        return kv_bytes_per_block(self.kv_model, self.runner.block_size, self.runner.dtype)
+
+    def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
+        r = self.runner
+        return bind_kv_caches(self.kv_model, num_blocks, r.block_size, r.dtype, r.device)
+
+    @staticmethod
+    def read_back(
+        guesses: list[torch.Tensor], proposing: list[int], max_drafts: list[int], num_requests: int
+    ) -> list[list[int]]:
+        """Per request of the step: its guesses (one [P] tensor per guessing step, rows in
+        `proposing` order), cut to its cap; [] for the others. The step's one read-back."""
+        out: list[list[int]] = [[] for _ in range(num_requests)]
+        for i, row in zip(proposing, torch.stack(guesses, dim=1).tolist()):
+            out[i] = row[: max_drafts[i]]
+        return out

@@ -143,3 +143,19 @@ def test_no_drafts_at_or_above_disable_by_batch_size(tiny_model_dir, drafts, ref
     llm, outs = generate(tiny_model_dir("llama"), spec)
     assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
     assert llm.engine.scheduler.spec_stats.num_verifications == 0
+
+
+def test_prompt_logprobs_are_unchanged(tiny_model_dir, drafts):
+    target = tiny_model_dir("llama")
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, prompt_logprobs=2)
+    batch = [{"prompt_token_ids": p} for p in prompts()]
+    outs = {}
+    for method in (None, "ngram"):
+        llm = LLM(target, dtype="float32", speculative_config=drafts[method] if method else None)
+        outs[method] = llm.generate(batch, params, use_tqdm=False)
+    for got, want in zip(outs["ngram"], outs[None]):
+        assert got.outputs[0].token_ids == want.outputs[0].token_ids
+        assert len(got.prompt_logprobs) == len(want.prompt_logprobs)
+        for g, w in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
+            assert g.keys() == w.keys()
+            assert all(g[t] == pytest.approx(w[t], abs=1e-4) for t in g)
