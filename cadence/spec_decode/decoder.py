@@ -112,8 +112,11 @@ class SpecDecoder:
         for rid, drafts in zip(model_out.sample_ids, model_out.drafts):
             st = runner.requests[rid]
             for j in range(len(drafts) + 1):
-                tokens = st.token_ids + drafts[:j] if j else st.token_ids
-                states.append(_RowState(tokens, st.num_prompt_tokens, st.params, st.generator))
+                if j and st.params.needs_penalties:  # penalties count every token
+                    tokens, n_prompt = st.token_ids + drafts[:j], st.num_prompt_tokens
+                else:  # only the output's length matters (min_tokens): no context copy
+                    tokens, n_prompt = st.token_ids, st.num_prompt_tokens - j
+                states.append(_RowState(tokens, n_prompt, st.params, st.generator))
             draft_rows += [*drafts, -1]
         batch = build_sampling_batch(states, dev, runner.vocab_size, runner.eos_token_ids)
         if bitmask is not None:

@@ -11,25 +11,33 @@ code refactoring copy long spans of their input, which this finds for free.
 from __future__ import annotations
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from cadence.spec_decode.proposer import Proposer, StepRecord
 
 
 def lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
-    """Up to k tokens that followed an earlier occurrence of the last n tokens."""
+    """Up to k tokens that followed an earlier occurrence of the last n tokens.
+
+    O(context) per request: candidate matches are the earlier positions of the last token,
+    narrowed one token further back at a time (a match of n tokens contains one of n - 1)."""
     length = len(tokens)
+    # Earlier occurrences of the last token: where a match would end (never the last one).
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])
+    matched = {1: ends}
+    for n in range(2, min(n_max, length - 1) + 1):
+        prev = matched[n - 1]
+        prev = prev[prev >= n - 1]
+        matched[n] = prev[tokens[prev - (n - 1)] == tokens[length - n]]
+        if len(matched[n]) == 0:
+            break
     for n in range(min(n_max, length - 1), n_min - 1, -1):
-        suffix = tokens[length - n :]
-        # Windows starting at 0 .. length - n - 1: every occurrence but the suffix itself.
-        windows = sliding_window_view(tokens[: length - 1], n)
-        starts = np.flatnonzero((windows == suffix).all(axis=1))
-        if len(starts) == 0:
+        found = matched.get(n)
+        if found is None or len(found) == 0:
             continue
-        follow = length - (starts + n)  # tokens after each match
-        full = starts[follow >= k]
-        start = int(full[-1]) if len(full) else int(starts[0])
-        return tokens[start + n : start + n + k].tolist()
+        follow = length - 1 - found  # tokens after each match
+        full = found[follow >= k]
+        end = int(full[-1]) if len(full) else int(found[0])
+        return tokens[end + 1 : end + 1 + k].tolist()
     return []
 
 

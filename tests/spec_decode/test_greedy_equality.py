@@ -159,3 +159,21 @@ def test_prompt_logprobs_are_unchanged(tiny_model_dir, drafts):
         for g, w in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:]):
             assert g.keys() == w.keys()
             assert all(g[t] == pytest.approx(w[t], abs=1e-4) for t in g)
+
+
+def test_min_tokens_counts_the_drafts_before_each_row(tiny_model_dir, drafts):
+    """EOS is biased to be the argmax and banned for the first 12 tokens: every request
+    stops at exactly 13 tokens, with speculation as without (row j of a verification knows
+    it is j tokens further into the output)."""
+    target = tiny_model_dir("llama")
+    params = SamplingParams(temperature=0.0, max_tokens=24, min_tokens=12, logit_bias={2: 30.0})
+    batch = [{"prompt_token_ids": p} for p in prompts()]
+    outs = {}
+    for method in (None, "draft_model"):
+        spec = {**drafts[method], "model": target} if method else None  # drafts agree
+        llm = LLM(target, dtype="float32", speculative_config=spec)
+        outs[method] = [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)]
+        if method:
+            assert llm.engine.scheduler.spec_stats.num_accepted_tokens > 0
+    assert outs["draft_model"] == outs[None]
+    assert all(len(t) == 13 and t[-1] == 2 for t in outs[None])
