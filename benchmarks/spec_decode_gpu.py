@@ -18,6 +18,8 @@ EOS ignored, greedy. Prints one JSON line per measurement.
     python benchmarks/spec_decode_gpu.py verify benchmarks/llama-3.1-8b
     python benchmarks/spec_decode_gpu.py plain benchmarks/llama-3.1-8b
     python benchmarks/spec_decode_gpu.py draft benchmarks/llama-3.1-8b --draft benchmarks/llama-3.2-1b
+    python benchmarks/spec_decode_gpu.py draft benchmarks/llama-3.1-8b --method eagle3 \
+        --draft benchmarks/eagle3-llama-3.1-8b      # an EAGLE-3 head's shape: its cost
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def mode_plain(args) -> None:
 
 
 def mode_draft(args) -> None:
-    spec = {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+    spec = {"method": args.method, "model": args.draft, "num_speculative_tokens": args.k}
     engine = make_llm(args, spec).engine
     proposer = engine.runner.spec.proposer
     draft_times: list[float] = []
@@ -196,6 +198,7 @@ def mode_draft(args) -> None:
             json.dumps(
                 {
                     "mode": "draft",
+                    "method": args.method,
                     "draft": args.draft,
                     "k": args.k,
                     "batch": batch,
@@ -218,6 +221,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--draft")
     ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("--method", default="draft_model", choices=["draft_model", "eagle3"])
     ap.add_argument("--profile", action="store_true", help="torch.profiler tables at batch 1")
     args = ap.parse_args()
     {"verify": mode_verify, "plain": mode_plain, "draft": mode_draft}[args.mode](args)

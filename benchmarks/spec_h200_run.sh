@@ -6,6 +6,7 @@
 #   plain    the same engine without speculation: the decode step the ratios divide by
 #   draft1b  a Llama-3.2-1B-shaped draft model, k = 4: its time per step, tok/s
 #   same     an identical draft (the target's config and seed), k = 4: the ceiling check
+#   eagle    an EAGLE-3 head of the public Llama-3.1-8B head's shape (dummy weights), k = 4
 # Needs the wheels of benchmarks/device_wheels.sh in .whl/ (carry it).
 set -uo pipefail
 OUT=${OUT:-spec-out}
@@ -31,4 +32,5 @@ has verify && bench verify verify $M
 has plain && bench plain plain $M
 has draft1b && bench draft1b draft $M --draft benchmarks/llama-3.2-1b
 has same && bench same draft $M --draft $M
+has eagle && bench eagle draft $M --method eagle3 --draft benchmarks/eagle3-llama-3.1-8b
 exit 0

@@ -66,10 +66,8 @@ class SpecDecoder:
         self.config = spec
         self.runner = runner
         self.proposer = make_proposer(spec, runner)
-        if self.proposer.needs_aux_hidden:
+        if self.proposer.needs_aux_hidden:  # (before any CUDA graph is captured)
             runner.model.keep_aux_hidden(self.proposer.aux_layer_ids)
-        # The proposer reads the target's intermediate hidden states: no CUDA graphs.
-        self.needs_eager_target = self.proposer.needs_aux_hidden
         self._step: tuple[list[str], StepLayout, torch.Tensor] | None = None
 
     def kv_bytes_per_block(self) -> int:

@@ -79,6 +79,8 @@ class DecodeGraphs:
         self.metas: dict[tuple[int, bool], AttentionMetadata] = {}
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # hidden states [size, hidden]
+        # The model's aux_hidden (EAGLE-3's inputs) as each graph left them, if it keeps any.
+        self.aux: dict[tuple[int, bool], list[torch.Tensor]] = {}
         graph_parts = getattr(backend, "graph_split_parts", None)
         self.split_sizes = [s for s in self.sizes if graph_parts and graph_parts(s, device)]
         self.num_replays = 0
@@ -117,6 +119,8 @@ class DecodeGraphs:
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         self.outputs[size, split] = self.model(ids, pos, meta)
+                    aux = getattr(self.model, "aux_hidden", None) or ()
+                    self.aux[size, split] = list(aux)
                     pool = graph.pool()
                     self.graphs[size, split] = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
@@ -163,4 +167,6 @@ class DecodeGraphs:
         self.graphs[size, split].replay()
         self.num_replays += 1
         self.num_split_replays += split
+        if self.aux[size, split]:  # EAGLE-3 reads these hidden states (keep_aux_hidden)
+            self.model.aux_hidden = [a[:b] for a in self.aux[size, split]]
         return self.outputs[size, split][:b]

@@ -199,9 +199,6 @@ class ModelRunner:
     def _use_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return False
-        if self.spec is not None and self.spec.needs_eager_target:
-            logger.info("EAGLE-3 reads the target's hidden states of three layers: eager")
-            return False
         if not hasattr(self.backend, "decode_plan"):
             logger.info("attention backend %s has no graph-safe decode: eager", self.backend.name)
             return False
@@ -333,10 +330,9 @@ class ModelRunner:
         width = int(self.tables.num_blocks[rows_np].max())
         self.tables.sync()  # this step's new blocks, on the device before the gather
         graph_size = mixed_size = None
-        eager = self.spec is not None and self.spec.needs_eager_target
-        if self.graphs is not None and num_tokens == num_reqs and not eager:  # decodes only
+        if self.graphs is not None and num_tokens == num_reqs:  # decodes only
             graph_size = self.graphs.size_for(num_reqs)
-        if graph_size is None and self.mixed_graphs is not None and not eager:
+        if graph_size is None and self.mixed_graphs is not None:
             mixed_size = self.mixed_graphs.size_for(qlens_np, seq_lens_np)
         fill = None
         if fill_rows:
