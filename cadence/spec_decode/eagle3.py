@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +40,9 @@ from cadence.loader.loader import iter_safetensors, load_hf_config, resolve_mode
 from cadence.models.llama import MLP, Attention
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
-from cadence.worker.batch_inputs import eager_inputs, layout
+from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
+from cadence.worker.cuda_graphs import DecodeGraphs
+from cadence.worker.mixed_graphs import BUCKETS, MixedGraphs
 
 if TYPE_CHECKING:
     from cadence.worker.model_runner import ModelRunner
@@ -155,6 +158,23 @@ class Eagle3Head(nn.Module):
             raise ValueError(f"the EAGLE-3 checkpoint lacks {missing[:5]}")
 
 
+class _GraphedStep(nn.Module):
+    """The head as the CUDA graph classes capture a model: (ids, positions, meta) ->
+    [T, 2 H] (the normed output, then the pre-norm one). The hidden-state input is read
+    from `hidden_in`, which the caller fills before each replay."""
+
+    def __init__(self, head: Eagle3Head, embed: nn.Module, max_rows: int) -> None:
+        super().__init__()
+        self.head = head
+        self.embed = embed
+        w = head.fc.weight
+        self.hidden_in = torch.zeros(max_rows, w.shape[0], dtype=w.dtype, device=w.device)
+
+    def forward(self, ids, positions, meta) -> torch.Tensor:
+        hidden = self.hidden_in[: ids.shape[0]]
+        return torch.cat(self.head(ids, positions, hidden, meta, self.embed), dim=-1)
+
+
 class Eagle3Proposer(ModelProposer):
     needs_aux_hidden = True
 
@@ -192,12 +212,69 @@ class Eagle3Proposer(ModelProposer):
             self.head.load_weights(iter_safetensors(path))
         self.embed = self.head.embed_tokens or runner.model.embed_tokens
         self.kv_model = self.head
+        self.step_fn: _GraphedStep | None = None  # with CUDA graphs (capture_graphs)
+        self.graphs: DecodeGraphs | None = None
+        self.mixed: MixedGraphs | None = None
         logger.info(
             "EAGLE-3 head %s: draft vocabulary %d, target layers %s",
             path,
             self.head.draft_vocab,
             self.aux_layer_ids,
         )
+
+    def capture_graphs(self) -> None:
+        """Graphs of its guessing steps and of its catch-ups: eager, a one-layer step is
+        all kernel launches."""
+        r = self.runner
+        if not hasattr(self.backend, "decode_plan"):
+            return
+        t0 = time.perf_counter()
+        sc = r.config.scheduler
+        max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
+        self.step_fn = _GraphedStep(self.head, self.embed, max(max_batch, BUCKETS[-1]))
+        bs, width = r.block_size, r.max_blocks_per_seq
+        self.graphs = DecodeGraphs(self.step_fn, self.backend, r.device, max_batch, width, bs)
+        self.graphs.capture()
+        if hasattr(self.backend, "mixed_graph_plan"):
+            self.mixed = MixedGraphs(
+                self.step_fn,
+                self.backend,
+                r.device,
+                sc.max_num_batched_tokens,
+                sc.max_num_seqs,
+                width,
+                bs,
+            )
+            self.mixed.capture()
+        logger.info("captured the EAGLE-3 head's CUDA graphs in %.1f s", time.perf_counter() - t0)
+
+    def _run_head(self, lay: StepLayout, ids, hidden_in: torch.Tensor, token=None):
+        """(normed, pre-norm) outputs of the head over a step; `token` (on the device) in
+        place of `ids` for a guessing step. Replays a graph where one was captured."""
+        r = self.runner
+        decode = token is not None
+        graphs = self.graphs if decode else self.mixed
+        size = None
+        if graphs is not None:
+            n = len(lay.rows)
+            size = graphs.size_for(n) if decode else graphs.size_for(lay.query_lens, lay.seq_lens)
+        if size is None:
+            ids_d, pos_d, meta = eager_inputs(
+                lay, ids, r.tables, self.backend, r.device, r.block_size
+            )
+            return self.head(token if decode else ids_d, pos_d, hidden_in, meta, self.embed)
+        self.step_fn.hidden_in[: lay.num_tokens].copy_(hidden_in)
+        width = int(r.tables.num_blocks[lay.rows].max())
+        if decode:
+            fill = (torch.arange(n, device=r.device), token)
+            inputs = np.stack(
+                [np.asarray(ids, dtype=np.int64), lay.positions, lay.slots, lay.seq_lens, lay.rows]
+            )
+            out = graphs.run(size, inputs, r.tables, width, fill)
+        else:
+            tokens = np.stack([np.asarray(ids, dtype=np.int64), lay.positions, lay.slots])
+            out = graphs.run(size, tokens, lay.query_lens, lay.seq_lens, lay.rows, r.tables, width)
+        return out.split(self.head.fc.weight.shape[0], dim=-1)
 
     @torch.inference_mode()
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
@@ -215,11 +292,9 @@ class Eagle3Proposer(ModelProposer):
                 last_rows.append(len(ids) - 1)
                 proposing.append(i)
         lay = layout(step.layout.rows, step.layout.starts, qlens, r.tables, bs)
-        ids_d, pos_d, meta = eager_inputs(lay, ids, r.tables, self.backend, dev, bs)
         aux = torch.cat(step.aux_hidden, dim=-1)
         rows_d = torch.tensor(flat_rows, dtype=torch.int64, device=dev)
-        hidden_in = self.head.fc(aux[rows_d])
-        normed, prenorm = self.head(ids_d, pos_d, hidden_in, meta, self.embed)
+        normed, prenorm = self._run_head(lay, ids, self.head.fc(aux[rows_d]))
         if not proposing:
             return [[] for _ in step.token_ids]
         last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
@@ -229,8 +304,7 @@ class Eagle3Proposer(ModelProposer):
         positions = np.array([step.valid_ends[i] for i in proposing], dtype=np.int64)
         for _ in range(max(max_drafts[i] for i in proposing) - 1):
             lay = layout(rows, positions, np.ones_like(positions), r.tables, bs)
-            _, pos_d, meta = eager_inputs(lay, np.zeros(len(rows)), r.tables, self.backend, dev, bs)
-            normed, hidden = self.head(token, pos_d, hidden, meta, self.embed)
+            normed, hidden = self._run_head(lay, np.zeros(len(rows)), hidden, token)
             token = self.head.guess(normed)
             guesses.append(token)
             positions = positions + 1

@@ -29,6 +29,8 @@ context length.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import time
 
@@ -39,6 +41,22 @@ from cadence.attention.base import AttentionMetadata
 from cadence.worker.block_tables import BlockTables
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """Collect garbage now, then keep the collector off while graphs are captured: a
+    collection mid-capture can free another engine's CUDA graphs (an LLM dropped earlier
+    in this process), and destroying a graph is not permitted while a stream captures, so
+    the capture would fail."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -110,7 +128,7 @@ class DecodeGraphs:
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with gc_paused(), torch.cuda.stream(stream):
             for size in reversed(self.sizes):
                 for split in (False, True) if size in self.split_sizes else (False,):
                     meta = self.metas[size, split] = self._meta(size, split)

@@ -39,6 +39,7 @@ import torch
 
 from cadence.attention.base import AttentionMetadata
 from cadence.worker.block_tables import BlockTables
+from cadence.worker.cuda_graphs import gc_paused
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class MixedGraphs:
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with gc_paused(), torch.cuda.stream(stream):
             for size in reversed(self.sizes):
                 meta = self.metas[size] = self._meta(size)
                 ids, pos = self.tokens[0, :size], self.tokens[1, :size]
