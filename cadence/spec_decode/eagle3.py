@@ -159,20 +159,28 @@ class Eagle3Head(nn.Module):
 
 
 class _GraphedStep(nn.Module):
-    """The head as the CUDA graph classes capture a model: (ids, positions, meta) ->
-    [T, 2 H] (the normed output, then the pre-norm one). The hidden-state input is read
-    from `hidden_in`, which the caller fills before each replay."""
+    """The head as the CUDA graph classes capture a model, (ids, positions, meta) -> a
+    tensor. The hidden-state input is read from `hidden_in`, which the caller fills
+    before each replay. A catch-up step returns [T, 2 H] (normed output, then pre-norm);
+    a guessing step (`guess`) returns the pre-norm output and leaves its guesses (target
+    ids) in `guesses`, so one replay does the whole step."""
 
-    def __init__(self, head: Eagle3Head, embed: nn.Module, max_rows: int) -> None:
+    def __init__(self, head: Eagle3Head, embed: nn.Module, max_rows: int, guess: bool):
         super().__init__()
         self.head = head
         self.embed = embed
+        self.guess = guess
         w = head.fc.weight
         self.hidden_in = torch.zeros(max_rows, w.shape[0], dtype=w.dtype, device=w.device)
+        self.guesses = torch.zeros(max_rows, dtype=torch.int64, device=w.device)
 
     def forward(self, ids, positions, meta) -> torch.Tensor:
-        hidden = self.hidden_in[: ids.shape[0]]
-        return torch.cat(self.head(ids, positions, hidden, meta, self.embed), dim=-1)
+        n = ids.shape[0]
+        normed, prenorm = self.head(ids, positions, self.hidden_in[:n], meta, self.embed)
+        if not self.guess:
+            return torch.cat([normed, prenorm], dim=-1)
+        self.guesses[:n].copy_(self.head.guess(normed))
+        return prenorm
 
 
 class Eagle3Proposer(ModelProposer):
@@ -212,7 +220,9 @@ class Eagle3Proposer(ModelProposer):
             self.head.load_weights(iter_safetensors(path))
         self.embed = self.head.embed_tokens or runner.model.embed_tokens
         self.kv_model = self.head
-        self.step_fn: _GraphedStep | None = None  # with CUDA graphs (capture_graphs)
+        # With CUDA graphs (capture_graphs): the guessing steps' and the catch-ups'.
+        self.guess_fn: _GraphedStep | None = None
+        self.catch_up_fn: _GraphedStep | None = None
         self.graphs: DecodeGraphs | None = None
         self.mixed: MixedGraphs | None = None
         logger.info(
@@ -231,13 +241,14 @@ class Eagle3Proposer(ModelProposer):
         t0 = time.perf_counter()
         sc = r.config.scheduler
         max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
-        self.step_fn = _GraphedStep(self.head, self.embed, max(max_batch, BUCKETS[-1]))
         bs, width = r.block_size, r.max_blocks_per_seq
-        self.graphs = DecodeGraphs(self.step_fn, self.backend, r.device, max_batch, width, bs)
+        self.guess_fn = _GraphedStep(self.head, self.embed, max_batch, guess=True)
+        self.graphs = DecodeGraphs(self.guess_fn, self.backend, r.device, max_batch, width, bs)
         self.graphs.capture()
         if hasattr(self.backend, "mixed_graph_plan"):
+            self.catch_up_fn = _GraphedStep(self.head, self.embed, BUCKETS[-1], guess=False)
             self.mixed = MixedGraphs(
-                self.step_fn,
+                self.catch_up_fn,
                 self.backend,
                 r.device,
                 sc.max_num_batched_tokens,
@@ -248,33 +259,40 @@ class Eagle3Proposer(ModelProposer):
             self.mixed.capture()
         logger.info("captured the EAGLE-3 head's CUDA graphs in %.1f s", time.perf_counter() - t0)
 
-    def _run_head(self, lay: StepLayout, ids, hidden_in: torch.Tensor, token=None):
-        """(normed, pre-norm) outputs of the head over a step; `token` (on the device) in
-        place of `ids` for a guessing step. Replays a graph where one was captured."""
+    def _catch_up(self, lay: StepLayout, ids: list[int], hidden_in: torch.Tensor):
+        """(normed, pre-norm) outputs of the head over the step's kept positions."""
         r = self.runner
-        decode = token is not None
-        graphs = self.graphs if decode else self.mixed
-        size = None
-        if graphs is not None:
-            n = len(lay.rows)
-            size = graphs.size_for(n) if decode else graphs.size_for(lay.query_lens, lay.seq_lens)
+        size = self.mixed.size_for(lay.query_lens, lay.seq_lens) if self.mixed else None
         if size is None:
             ids_d, pos_d, meta = eager_inputs(
                 lay, ids, r.tables, self.backend, r.device, r.block_size
             )
-            return self.head(token if decode else ids_d, pos_d, hidden_in, meta, self.embed)
-        self.step_fn.hidden_in[: lay.num_tokens].copy_(hidden_in)
+            return self.head(ids_d, pos_d, hidden_in, meta, self.embed)
+        self.catch_up_fn.hidden_in[: lay.num_tokens].copy_(hidden_in)
+        tokens = np.stack([np.asarray(ids, dtype=np.int64), lay.positions, lay.slots])
         width = int(r.tables.num_blocks[lay.rows].max())
-        if decode:
-            fill = (torch.arange(n, device=r.device), token)
-            inputs = np.stack(
-                [np.asarray(ids, dtype=np.int64), lay.positions, lay.slots, lay.seq_lens, lay.rows]
-            )
-            out = graphs.run(size, inputs, r.tables, width, fill)
-        else:
-            tokens = np.stack([np.asarray(ids, dtype=np.int64), lay.positions, lay.slots])
-            out = graphs.run(size, tokens, lay.query_lens, lay.seq_lens, lay.rows, r.tables, width)
+        out = self.mixed.run(size, tokens, lay.query_lens, lay.seq_lens, lay.rows, r.tables, width)
         return out.split(self.head.fc.weight.shape[0], dim=-1)
+
+    def _guess(self, lay: StepLayout, token: torch.Tensor, hidden: torch.Tensor):
+        """One guessing step from `token` (on the device): (next guesses, pre-norm output)."""
+        r = self.runner
+        n = len(lay.rows)
+        size = self.graphs.size_for(n) if self.graphs else None
+        if size is None:
+            _, pos_d, meta = eager_inputs(
+                lay, np.zeros(n), r.tables, self.backend, r.device, r.block_size
+            )
+            normed, prenorm = self.head(token, pos_d, hidden, meta, self.embed)
+            return self.head.guess(normed), prenorm
+        self.guess_fn.hidden_in[:n].copy_(hidden)
+        zeros = np.zeros(n, dtype=np.int64)
+        inputs = np.stack([zeros, lay.positions, lay.slots, lay.seq_lens, lay.rows])
+        width = int(r.tables.num_blocks[lay.rows].max())
+        fill = (torch.arange(n, device=r.device), token)
+        prenorm = self.graphs.run(size, inputs, r.tables, width, fill)
+        # (A copy: the next replay overwrites the buffer.)
+        return self.guess_fn.guesses[:n].clone(), prenorm
 
     @torch.inference_mode()
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
@@ -294,7 +312,7 @@ class Eagle3Proposer(ModelProposer):
         lay = layout(step.layout.rows, step.layout.starts, qlens, r.tables, bs)
         aux = torch.cat(step.aux_hidden, dim=-1)
         rows_d = torch.tensor(flat_rows, dtype=torch.int64, device=dev)
-        normed, prenorm = self._run_head(lay, ids, self.head.fc(aux[rows_d]))
+        normed, prenorm = self._catch_up(lay, ids, self.head.fc(aux[rows_d]))
         if not proposing:
             return [[] for _ in step.token_ids]
         last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
@@ -304,8 +322,7 @@ class Eagle3Proposer(ModelProposer):
         positions = np.array([step.valid_ends[i] for i in proposing], dtype=np.int64)
         for _ in range(max(max_drafts[i] for i in proposing) - 1):
             lay = layout(rows, positions, np.ones_like(positions), r.tables, bs)
-            normed, hidden = self._run_head(lay, np.zeros(len(rows)), hidden, token)
-            token = self.head.guess(normed)
+            token, hidden = self._guess(lay, token, hidden)
             guesses.append(token)
             positions = positions + 1
         return self.read_back(guesses, proposing, max_drafts, len(step.token_ids))
