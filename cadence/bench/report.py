@@ -76,6 +76,17 @@ def format_run(run: dict[str, Any]) -> str:
         row(f"Median {short} (ms):", s[f"median_{key}_ms"])
         row(f"P90 {short} (ms):", s[f"p90_{key}_ms"])
         row(f"P99 {short} (ms):", s[f"p99_{key}_ms"])
+    spec = run.get("spec_decode")
+    if spec is not None:  # the server's counters over this run (cadence/bench/spec_metrics.py)
+        lines.append(f"{' Speculative Decoding ':-^{RULE_WIDTH}}")
+        row("Acceptance rate (%):", 100 * spec["acceptance_rate"])
+        row("Acceptance length:", spec["acceptance_length"])
+        row("Drafts:", spec["drafts"])
+        row("Draft tokens:", spec["draft_tokens"])
+        row("Accepted tokens:", spec["accepted_tokens"])
+        if spec["acceptance_rate_per_position"]:
+            per_pos = ", ".join(f"{100 * r:.1f}" for r in spec["acceptance_rate_per_position"])
+            lines.append(f"{'Per-position acceptance (%):':<40} {per_pos}")
     lines.append("=" * RULE_WIDTH)
     return "\n".join(lines)
 

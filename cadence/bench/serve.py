@@ -36,7 +36,7 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from cadence.bench import report
+from cadence.bench import report, spec_metrics
 from cadence.bench.datasets import (
     BenchPrompt,
     count_prompt_tokens,
@@ -283,6 +283,7 @@ async def _one_run(
         if args.server_pid is not None:
             rss = RssSampler(args.server_pid, args.rss_interval)
             watchers.append(asyncio.create_task(rss.run(stop)))
+    spec_before = await spec_metrics.scrape(client)
     try:
         records, duration, tally = await run_requests(
             client, prompts, bodies, plan, not args.disable_tqdm, desc
@@ -290,6 +291,7 @@ async def _one_run(
     finally:
         stop.set()
         await asyncio.gather(*watchers, return_exceptions=True)
+    spec = spec_metrics.run_delta(spec_before, await spec_metrics.scrape(client))
     fill_token_counts(records, tokenizer)
     run: dict[str, Any] = {
         "max_concurrency": concurrency,
@@ -300,6 +302,8 @@ async def _one_run(
         "token_check": token_check(records, args.ignore_eos),
         "requests": [r.to_json() for r in records],
     }
+    if spec is not None:
+        run["spec_decode"] = spec
     if prober is not None:
         errors = Counter(error_kind(r.error) for r in records if not r.success)
         errors.update(tally.errors)

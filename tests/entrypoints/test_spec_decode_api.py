@@ -103,3 +103,16 @@ def test_bad_config_is_a_usage_error(value, message):
     )
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_bench_serve_reports_the_acceptance(spec_server, capsys):
+    from cadence.cli.main import main
+
+    code = main(
+        ["bench", "serve", "--base-url", spec_server.url, "--disable-tqdm", "--num-prompts",
+         "4", "--random-input-len", "24", "--random-output-len", "24", "--ignore-eos",
+         "--num-warmups", "0", "--temperature", "0"]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "Speculative Decoding" in out and "Acceptance length:" in out
