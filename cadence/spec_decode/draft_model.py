@@ -17,7 +17,6 @@ Rejected guesses leave K/V past the request's valid end; the next catch-up overw
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,8 +27,6 @@ from cadence.loader.loader import load_hf_config, load_model, resolve_model_path
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
-from cadence.worker.cuda_graphs import DecodeGraphs
-from cadence.worker.mixed_graphs import MixedGraphs
 
 if TYPE_CHECKING:
     from cadence.worker.model_runner import ModelRunner
@@ -64,35 +61,11 @@ class DraftModelProposer(ModelProposer):
             mc.seed,
         )
         self.kv_model = self.model
-        self.graphs: DecodeGraphs | None = None
-        self.mixed: MixedGraphs | None = None
         logger.info("draft model %s: %d layers", path, hf_config.num_hidden_layers)
 
     def capture_graphs(self) -> None:
-        """Graphs of its guessing steps (one token a request) and of its catch-ups (token
-        buckets): eager, a small model's step is all kernel launches."""
-        r = self.runner
-        if not hasattr(self.backend, "decode_plan"):
-            return
-        t0 = time.perf_counter()
-        sc = r.config.scheduler
-        max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
-        self.graphs = DecodeGraphs(
-            self.model, self.backend, r.device, max_batch, r.max_blocks_per_seq, r.block_size
-        )
-        self.graphs.capture()
-        if hasattr(self.backend, "mixed_graph_plan"):
-            self.mixed = MixedGraphs(
-                self.model,
-                self.backend,
-                r.device,
-                sc.max_num_batched_tokens,
-                sc.max_num_seqs,
-                r.max_blocks_per_seq,
-                r.block_size,
-            )
-            self.mixed.capture()
-        logger.info("captured the draft model's CUDA graphs in %.1f s", time.perf_counter() - t0)
+        if hasattr(self.backend, "decode_plan"):
+            self.capture_step_graphs(self.backend, self.model, self.model, "draft model")
 
     @torch.inference_mode()
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:

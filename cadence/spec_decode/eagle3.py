@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -41,8 +40,7 @@ from cadence.models.llama import MLP, Attention
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
-from cadence.worker.cuda_graphs import DecodeGraphs
-from cadence.worker.mixed_graphs import BUCKETS, MixedGraphs
+from cadence.worker.mixed_graphs import BUCKETS
 
 if TYPE_CHECKING:
     from cadence.worker.model_runner import ModelRunner
@@ -220,11 +218,9 @@ class Eagle3Proposer(ModelProposer):
             self.head.load_weights(iter_safetensors(path))
         self.embed = self.head.embed_tokens or runner.model.embed_tokens
         self.kv_model = self.head
-        # With CUDA graphs (capture_graphs): the guessing steps' and the catch-ups'.
+        # The head as its CUDA graphs run it (capture_graphs).
         self.guess_fn: _GraphedStep | None = None
         self.catch_up_fn: _GraphedStep | None = None
-        self.graphs: DecodeGraphs | None = None
-        self.mixed: MixedGraphs | None = None
         logger.info(
             "EAGLE-3 head %s: draft vocabulary %d, target layers %s",
             path,
@@ -233,31 +229,13 @@ class Eagle3Proposer(ModelProposer):
         )
 
     def capture_graphs(self) -> None:
-        """Graphs of its guessing steps and of its catch-ups: eager, a one-layer step is
-        all kernel launches."""
-        r = self.runner
         if not hasattr(self.backend, "decode_plan"):
             return
-        t0 = time.perf_counter()
-        sc = r.config.scheduler
-        max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
-        bs, width = r.block_size, r.max_blocks_per_seq
+        sc = self.runner.config.scheduler
+        max_batch = min(self.runner.config.max_cuda_graph_batch_size, sc.max_num_seqs)
         self.guess_fn = _GraphedStep(self.head, self.embed, max_batch, guess=True)
-        self.graphs = DecodeGraphs(self.guess_fn, self.backend, r.device, max_batch, width, bs)
-        self.graphs.capture()
-        if hasattr(self.backend, "mixed_graph_plan"):
-            self.catch_up_fn = _GraphedStep(self.head, self.embed, BUCKETS[-1], guess=False)
-            self.mixed = MixedGraphs(
-                self.catch_up_fn,
-                self.backend,
-                r.device,
-                sc.max_num_batched_tokens,
-                sc.max_num_seqs,
-                width,
-                bs,
-            )
-            self.mixed.capture()
-        logger.info("captured the EAGLE-3 head's CUDA graphs in %.1f s", time.perf_counter() - t0)
+        self.catch_up_fn = _GraphedStep(self.head, self.embed, BUCKETS[-1], guess=False)
+        self.capture_step_graphs(self.backend, self.guess_fn, self.catch_up_fn, "EAGLE-3 head")
 
     def _catch_up(self, lay: StepLayout, ids: list[int], hidden_in: torch.Tensor):
         """(normed, pre-norm) outputs of the head over the step's kept positions."""

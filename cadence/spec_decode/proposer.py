@@ -18,6 +18,8 @@ computed, so a block the prefix cache shares holds valid draft K/V too.
 
 from __future__ import annotations
 
+import logging
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,12 +27,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from cadence.worker.batch_inputs import StepLayout
+from cadence.worker.cuda_graphs import DecodeGraphs
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
+from cadence.worker.mixed_graphs import MixedGraphs
 
 if TYPE_CHECKING:
     from torch import nn
 
     from cadence.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -86,6 +92,8 @@ class ModelProposer(Proposer):
     def __init__(self, k: int, runner: ModelRunner) -> None:
         super().__init__(k)
         self.runner = runner
+        self.graphs: DecodeGraphs | None = None  # its guessing steps', once captured
+        self.mixed: MixedGraphs | None = None  # its catch-ups', once captured
 
     def attention_layers(self) -> list:
         return self.kv_model.attention_layers()
@@ -96,6 +104,25 @@ class ModelProposer(Proposer):
     def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
         r = self.runner
         return bind_kv_caches(self.kv_model, num_blocks, r.block_size, r.dtype, r.device)
+
+    def capture_step_graphs(self, backend, guess_model, catch_up_model, what: str) -> None:
+        """CUDA graphs of its guessing steps (one token a request: `self.graphs`) and of
+        its catch-ups (token buckets: `self.mixed`, where the backend has them). Eager, a
+        small model's step is all kernel launches."""
+        r = self.runner
+        t0 = time.perf_counter()
+        sc = r.config.scheduler
+        max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
+        bs, width = r.block_size, r.max_blocks_per_seq
+        self.graphs = DecodeGraphs(guess_model, backend, r.device, max_batch, width, bs)
+        self.graphs.capture()
+        if hasattr(backend, "mixed_graph_plan"):
+            self.mixed = MixedGraphs(
+                catch_up_model, backend, r.device, sc.max_num_batched_tokens, sc.max_num_seqs,
+                width, bs,
+            )  # fmt: skip
+            self.mixed.capture()
+        logger.info("captured the %s's CUDA graphs in %.1f s", what, time.perf_counter() - t0)
 
     @staticmethod
     def read_back(
