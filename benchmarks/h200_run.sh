@@ -12,11 +12,7 @@
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
-fi
-export PYTHONPATH=${PYTHONPATH:-$PWD} PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 M=benchmarks/llama-3.1-8b
 BENCH="python3 -m cadence.cli.main bench"
 COMMON="--load-format dummy --dtype bfloat16"

@@ -11,11 +11,7 @@
 set -uo pipefail
 OUT=${OUT:-spec-out}
 mkdir -p "$OUT"
-if [ -d .whl ] && [ ! -d /tmp/site/xgrammar ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 PARTS=${PARTS:-tests verify plain draft1b same}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 M=benchmarks/llama-3.1-8b

@@ -10,11 +10,7 @@
 set -uo pipefail
 OUT=${OUT:-tp-out}
 mkdir -p "$OUT"
-if [ -d .whl ] && [ ! -d /tmp/site/xgrammar ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1
 PARTS=${PARTS:-sweep tests tp2 tp1 nccl}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
