@@ -22,6 +22,10 @@ class ModelConfig:
     tokenizer: str | None = None  # defaults to the model's
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     load_format: str = "auto"  # auto | dummy
+    # Weight format: auto (a .gguf file keeps its blocks packed unless --dtype float32; a
+    # checkpoint's own quantization_config), none (plain weights in --dtype), fp8 (W8A8:
+    # bf16 weights quantized at load, or an FP8 checkpoint), gguf (the file's blocks).
+    quantization: str = "auto"  # auto | none | fp8 | gguf
     seed: int = 0  # seed of the engine's random draws and of dummy weights
     max_model_len: int | None = None  # None: the model's own limit
     skip_tokenizer_init: bool = False  # load no tokenizer (prompts must be token ids)
@@ -36,6 +40,9 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None  # KV pool size in blocks (tests, any device)
     enable_prefix_caching: bool = True
     prefix_cache: str = "hash"  # hash (vLLM's block hash table) | radix (SGLang's tree)
+    # auto: the model's dtype. fp8 (= fp8_e4m3): e4m3 with a per-layer scale (the
+    # checkpoint's k_scale / v_scale, else 1.0); a block holds the same tokens in half the bytes.
+    kv_cache_dtype: str = "auto"  # auto | fp8 | fp8_e4m3
 
 
 @dataclass
@@ -76,6 +83,8 @@ class ParallelConfig:
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle3")
+QUANTIZATIONS = ("auto", "none", "fp8", "gguf")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 @dataclass
@@ -216,6 +225,17 @@ class EngineConfig:
             raise ValueError("the uniproc executor runs one rank: use mp or ray for TP > 1")
         if self.model.load_format not in ("auto", "dummy", "safetensors", "gguf"):
             raise ValueError(f"unknown load_format {self.model.load_format!r}")
+        if self.model.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"unknown quantization {self.model.quantization!r}: "
+                f"one of {', '.join(QUANTIZATIONS)}"
+            )
+        if c.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"unknown kv_cache_dtype {c.kv_cache_dtype!r}: one of {', '.join(KV_CACHE_DTYPES)}"
+            )
+        if self.model.quantization == "gguf" and p.tensor_parallel_size > 1:
+            raise ValueError("GGUF weights kept quantized do not split over ranks: use TP 1")
         if self.speculative is not None:
             self.speculative.validate()
             if p.tensor_parallel_size > 1:

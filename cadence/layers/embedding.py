@@ -9,12 +9,11 @@ logits of its range; they are gathered only where sampling needs the whole vocab
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cadence.distributed.communication import all_gather_last, all_reduce
 from cadence.distributed.parallel_state import get_tp
-from cadence.layers.linear import shape_of
+from cadence.quant.base import current_method, shape_of
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -26,27 +25,27 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * self.rows
         self.end = min(self.start + self.rows, vocab_size)  # rows past it are padding
         self.tp_size = tp.size
-        self.weight = nn.Parameter(torch.empty(self.rows, hidden_size), requires_grad=False)
+        self.hidden_size = hidden_size
+        self.quant_method = current_method().embedding()
+        self.quant_method.create_weights(self, self.rows, hidden_size)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(ids, self.weight)
+            return self.quant_method.embed(self, ids)
         mine = (ids >= self.start) & (ids < self.end)
         local = torch.where(mine, ids - self.start, 0)
-        out = F.embedding(local, self.weight) * mine.unsqueeze(-1).to(self.weight.dtype)
-        return all_reduce(out)
+        out = self.quant_method.embed(self, local)
+        return all_reduce(out * mine.unsqueeze(-1).to(out.dtype))
 
     def load(self, kind: str, source, shard: int = 0) -> None:
         shape = shape_of(source)
-        if kind != "weight" or shape != (self.vocab_size, self.weight.shape[1]):
+        if kind != "weight" or shape != (self.vocab_size, self.hidden_size):
             raise ValueError(f"{kind} of shape {shape} does not fit the vocabulary")
-        n = self.end - self.start
-        self.weight.data[:n].copy_(source[self.start : self.end])
-        self.weight.data[n:].zero_()
+        self.quant_method.load(self, source, slice(self.start, self.end), self.end - self.start)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [T, hidden] -> logits [T, vocab] over every rank's rows (the LM head)."""
-        local = hidden @ self.weight.t()
+        local = self.quant_method.logits(self, hidden)
         if self.tp_size == 1:
             return local
         return all_gather_last(local)[:, : self.vocab_size]
@@ -54,6 +53,8 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection of an untied model: the same row split, used only for logits."""
+
+    serves_lookup = False  # a packed format need not keep its rows for lookups
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.logits(hidden)

@@ -8,7 +8,10 @@
 
 With one rank both are a plain linear over the whole weight. Weights load per shard from
 anything sliceable like a tensor (a torch.Tensor, or a safetensors slice that reads only
-the rows or columns asked for): `load(kind, source, shard)`, kind "weight" or "bias".
+the rows or columns asked for): `load(kind, source, shard)`, kind "weight" or "bias" (or a
+format's own, such as FP8's "weight_scale"). How the weight is held and multiplied is the
+layer's `quant_method` (cadence/quant/): these classes only say which rows and columns of
+each checkpoint tensor a rank holds.
 
 KV heads and ranks (ColumnShard.for_kv_heads): with at least as many KV heads as ranks,
 each rank holds kv_heads / ranks of them; with fewer, each KV head is replicated on
@@ -25,16 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cadence.distributed.communication import all_reduce
 from cadence.distributed.parallel_state import get_tp
+from cadence.quant.base import current_method, shape_of
 
-
-def shape_of(source) -> tuple[int, ...]:
-    """Shape of a tensor or of a safetensors slice (which has get_shape(), not .shape)."""
-    return tuple(source.shape) if hasattr(source, "shape") else tuple(source.get_shape())
+__all__ = ["ColumnParallelLinear", "ColumnShard", "RowParallelLinear", "divide", "shape_of"]
 
 
 def divide(n: int, parts: int, what: str) -> int:
@@ -94,22 +94,26 @@ class ColumnParallelLinear(nn.Module):
         self.shards = shards
         self.offsets = [sum(s.count for s in shards[:i]) for i in range(len(shards))]
         out_local = sum(s.count for s in shards)
-        self.weight = nn.Parameter(torch.empty(out_local, in_features), requires_grad=False)
+        self.in_features = in_features
+        self.quant_method = current_method().linear()
+        self.quant_method.create_weights(self, out_local, in_features)
         self.bias = nn.Parameter(torch.empty(out_local), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
     def load(self, kind: str, source, shard: int = 0) -> None:
         s = self.shards[shard]
-        param = self.weight if kind == "weight" else self.bias
-        if param is None:
-            raise ValueError(f"unexpected {kind} for a projection without one")
+        if kind == "bias" and self.bias is None:
+            raise ValueError("unexpected bias for a projection without one")
         shape = shape_of(source)
-        if shape[0] != s.rows or tuple(shape[1:]) != tuple(param.shape[1:]):
+        if kind in ("weight", "bias") and (
+            shape[0] != s.rows or (kind == "weight" and shape[1:] != (self.in_features,))
+        ):
             raise ValueError(f"shard {shard}: checkpoint shape {shape} does not fit {s.rows} rows")
         at = self.offsets[shard]
-        param.data[at : at + s.count].copy_(source[s.start : s.start + s.count])
+        rows = slice(s.start, s.start + s.count)
+        self.quant_method.load(self, kind, source, rows, None, slice(at, at + s.count))
 
 
 class RowParallelLinear(nn.Module):
@@ -118,7 +122,9 @@ class RowParallelLinear(nn.Module):
         tp = get_tp()
         self.in_local = divide(in_features, tp.size, what)
         self.start = tp.rank * self.in_local
-        self.weight = nn.Parameter(torch.empty(out_features, self.in_local), requires_grad=False)
+        self.out_features = out_features
+        self.quant_method = current_method().linear()
+        self.quant_method.create_weights(self, out_features, self.in_local)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
         self.adds_bias = tp.rank == 0
 
@@ -128,16 +134,19 @@ class RowParallelLinear(nn.Module):
         return self.bias if self.adds_bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(F.linear(x, self.weight, self.local_bias))
+        return all_reduce(self.quant_method.apply(self, x, self.local_bias))
 
     def load(self, kind: str, source, shard: int = 0) -> None:
         shape = shape_of(source)
+        every = slice(0, self.out_features)
         if kind == "bias":
-            if self.bias is None or shape != tuple(self.bias.shape):
+            if self.bias is None or shape != (self.out_features,):
                 raise ValueError(f"bias of shape {shape} does not fit")
-            self.bias.data.copy_(source[:])
+            self.quant_method.load(self, kind, source, every, None, every)
             return
-        full = (self.weight.shape[0], self.in_local * get_tp().size)
-        if shape != full:
-            raise ValueError(f"checkpoint shape {shape} != model's {full}")
-        self.weight.data.copy_(source[:, self.start : self.start + self.in_local])
+        if kind == "weight":
+            full = (self.out_features, self.in_local * get_tp().size)
+            if shape != full:
+                raise ValueError(f"checkpoint shape {shape} != model's {full}")
+        cols = slice(self.start, self.start + self.in_local)
+        self.quant_method.load(self, kind, source, every, cols, every)

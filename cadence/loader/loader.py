@@ -1,7 +1,9 @@
 """From a model name to a model with weights on the device.
 
 resolve_model_path   None -> the default SmolLM2 GGUF; a .gguf file -> its converted folder
-load_model           config -> our class -> weights (safetensors, sharded or not, or dummy)
+select_quant         the weight format (cadence/quant/) a model loads in, and its tensors
+load_model           config -> our class -> weights (safetensors, sharded or not, a GGUF
+                     file's blocks, or dummy)
 """
 
 from __future__ import annotations
@@ -16,9 +18,15 @@ import torch
 from torch import nn
 
 from cadence.attention.base import AttentionBackend
-from cadence.loader.gguf import convert_gguf, default_model_path
+from cadence.loader.gguf import (
+    convert_gguf,
+    default_model_path,
+    ensure_float_weights,
+    gguf_source,
+)
 from cadence.loader.hf_config import read_config
 from cadence.models.registry import resolve_model_class
+from cadence.quant.base import QuantMethod, finish_loading, quant_scope
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +104,45 @@ def iter_safetensors(path: str) -> Iterator[tuple[str, object]]:
                 yield name, sf.get_slice(name)
 
 
+def quantization_config(config) -> dict | None:
+    qcfg = getattr(config, "quantization_config", None)
+    if qcfg is not None and not isinstance(qcfg, dict):
+        qcfg = qcfg.to_dict()
+    return qcfg or None
+
+
+def select_quant(
+    requested: str, config, path: str, dtype: torch.dtype, load_format: str = "auto"
+) -> tuple[QuantMethod, Iterator[tuple[str, object]] | None]:
+    """(the format the model is built in, its tensors when they are not the folder's
+    safetensors). `requested` is ModelConfig.quantization: auto | none | fp8 | gguf."""
+    from cadence.quant.fp8 import Fp8Quant, scheme_from_config
+    from cadence.quant.gguf import GgufQuant
+
+    source = gguf_source(path)
+    scheme = scheme_from_config(quantization_config(config))  # raises if unsupported
+    if requested == "auto":
+        if source is not None and load_format != "dummy":
+            requested = "none" if dtype == torch.float32 else "gguf"
+        else:
+            requested = "fp8" if scheme is not None else "none"
+    if requested == "gguf":
+        if source is None:
+            raise ValueError("--quantization gguf needs a .gguf model file")
+        if load_format == "dummy":
+            raise ValueError("--load-format dummy has no GGUF blocks: use --quantization fp8/none")
+        from cadence.loader.gguf_tensors import iter_gguf
+
+        return GgufQuant(), iter_gguf(source, config)
+    if requested == "none" and scheme is not None and scheme.serialized:
+        raise ValueError("this checkpoint's weights are FP8: it loads with --quantization fp8")
+    if source is not None and load_format != "dummy":
+        ensure_float_weights(path)  # the float path of a GGUF file: expanded once
+    if requested == "fp8":
+        return Fp8Quant(scheme), None
+    return QuantMethod(), None
+
+
 def load_model(
     path: str,
     config,
@@ -105,13 +152,17 @@ def load_model(
     max_position: int,
     load_format: str = "auto",
     seed: int = 0,
+    quantization: str = "auto",
 ) -> nn.Module:
+    """Build the model in the format `select_quant` picks and fill its weights: a GGUF
+    file's blocks, the folder's safetensors, or random ones for `load_format="dummy"`."""
     cls = resolve_model_class(config)
+    quant, weights = select_quant(quantization, config, path, dtype, load_format)
     t0 = time.perf_counter()
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        with torch.device(device), quant_scope(quant):
             model = cls(config, backend, max_position)
     finally:
         torch.set_default_dtype(prev)
@@ -121,18 +172,30 @@ def load_model(
     if load_format == "dummy":
         gen = torch.Generator(device=device).manual_seed(seed)
         for name, p in model.named_parameters():
+            if not p.is_floating_point() or not name.endswith(("weight", "bias")):
+                continue  # a format's scales keep their defaults
             if "norm" in name:
                 p.data.fill_(1.0)
             else:
                 p.data.uniform_(-0.02, 0.02, generator=gen)
     else:
-        model.load_weights(iter_safetensors(path))  # copy_ casts each shard to the model's dtype
+        # copy_ casts each shard to the model's dtype (a format's method may keep its own)
+        model.load_weights(weights if weights is not None else iter_safetensors(path))
+    finish_loading(model)
     model.eval()
     logger.info(
-        "loaded %s (%s, %.2f GiB of weights) in %.1f s",
+        "loaded %s (%s, %s, %.2f GiB of weights) in %.1f s",
         cls.__name__,
         str(dtype).removeprefix("torch."),
-        sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30,
+        quant.describe(),
+        weight_bytes(model) / 2**30,
         time.perf_counter() - t0,
     )
     return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes the model's weights hold on the device (parameters and buffers, packed or not;
+    rotary tables included)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -79,9 +79,10 @@ class Attention(nn.Module):
         # The backend rotates q and k (the Triton one while it writes K/V to the cache).
         out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale, cos_sin)
         out = out.reshape(-1, self.q_size)
-        if (gemv := _batch1_gemv(out, self.o_proj.weight, "o")) is not None:
-            return all_reduce(gemv.gemv(out, self.o_proj.weight, self.o_proj.local_bias))
-        return self.o_proj(out)
+        o = self.o_proj
+        if (gemv := _batch1_gemv(out, o, "o")) is not None:
+            return all_reduce(gemv.gemv(out, o.weight, o.local_bias))
+        return o(out)
 
 
 class MLP(nn.Module):
@@ -99,7 +100,7 @@ class MLP(nn.Module):
     def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
         """down(silu(gate) * up) from the projected gate_up [T, 2 * intermediate]."""
         down = self.down_proj
-        if (gemv := _batch1_gemv(gate_up, down.weight, "down")) is not None:
+        if (gemv := _batch1_gemv(gate_up, down, "down")) is not None:
             return all_reduce(gemv.silu_mul_gemv(gate_up, down.weight, down.local_bias))
         return down(self.act(gate_up))
 
@@ -122,14 +123,17 @@ class DecoderLayer(nn.Module):
         return mlp(gate_up), residual
 
 
-def _batch1_gemv(x: torch.Tensor, weight: torch.Tensor, projection: str):
+def _batch1_gemv(x: torch.Tensor, linear: nn.Module, projection: str):
     """cadence.layers.gemv when this projection takes its fused Triton kernels: a single
-    row (batch-1 decode) of 16-bit activations on CUDA, and a projection in its
-    FUSED_PROJECTIONS. None otherwise (cuBLAS and the separate elementwise kernels)."""
+    row (batch-1 decode) of 16-bit activations on CUDA, a plain weight of their dtype (not
+    a quantized one), and a projection in its FUSED_PROJECTIONS. None otherwise (the
+    layer's own matmul and the separate elementwise kernels)."""
+    if x.shape[0] != 1 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16):
+        return None
+    weight = linear.quant_method.plain_weight(linear)
     if (
-        x.shape[0] != 1
-        or not x.is_cuda
-        or x.dtype not in (torch.bfloat16, torch.float16)
+        weight is None
+        or weight.dtype != x.dtype
         or not (weight.is_contiguous() and x.is_contiguous())
     ):
         return None
@@ -141,7 +145,7 @@ def _batch1_gemv(x: torch.Tensor, weight: torch.Tensor, projection: str):
 def _norm_linear(x, residual, norm: RMSNorm, linear: ColumnParallelLinear, projection: str):
     """(linear(norm(x + residual)), x + residual); the first layer has no residual yet
     (then it is x). One kernel at batch 1 where the fused gemv serves."""
-    if (gemv := _batch1_gemv(x, linear.weight, projection)) is not None:
+    if (gemv := _batch1_gemv(x, linear, projection)) is not None:
         return gemv.rms_norm_gemv(x, residual, norm.weight, norm.eps, linear.weight, linear.bias)
     if residual is None:
         residual, x = x, norm(x)
@@ -265,6 +269,8 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(f"{name}#{shard}")
         missing = []
         for name in params:
+            if name.rpartition(".")[2] not in ("weight", "bias"):
+                continue  # a format's optional extras (scales) default where absent
             owner = modules[name.rpartition(".")[0]]
             shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1
             missing += [name for i in range(shards) if f"{name}#{i}" not in loaded]

@@ -126,6 +126,7 @@ class ModelRunner:
             self.max_model_len,
             mc.load_format,
             mc.seed,
+            mc.quantization,
         )
         if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
             enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)

@@ -1,0 +1,89 @@
+"""A GGUF file's tensors under Hugging Face's names, without expanding them.
+
+Quantized tensors come out as `GgufTensor` (their raw blocks, memory-mapped), float ones as
+torch tensors. GGUF stores a weight [out, in] with its shape reversed (ne0 = in) and, for
+the Llama architecture, the rows of q_proj and k_proj permuted (llama.cpp's converter
+interleaves each head's two rotary halves); rows are independent in every block format,
+so the permutation is undone on the raw rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from cadence.quant.gguf import GgufTensor
+from cadence.quant.gguf_blocks import BLOCKS
+
+logger = logging.getLogger(__name__)
+
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def hf_name(name: str) -> str | None:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None: unknown)."""
+    stem, _, kind = name.rpartition(".")
+    if stem in _TOP:
+        return f"{_TOP[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK:
+        return f"model.layers.{parts[1]}.{_BLOCK[parts[2]]}.{kind}"
+    return None
+
+
+def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
+    """Row order that turns llama.cpp's permuted q/k rows back into HF's: within each head
+    GGUF holds rows (i, half) interleaved where HF holds (half, i)."""
+    idx = np.arange(rows).reshape(heads, rows // heads // 2, 2)
+    return idx.swapaxes(1, 2).reshape(-1)
+
+
+def iter_gguf(path: str, hf_config) -> Iterator[tuple[str, object]]:
+    """(HF name, GgufTensor or torch tensor) for every tensor of the file."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    arch_field = reader.get_field("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else "llama"
+    heads = hf_config.num_attention_heads
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    permuted = {"attn_q": heads, "attn_k": kv_heads} if arch == "llama" else {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            logger.info("GGUF tensor %s has no place in the model; skipped", t.name)
+            continue
+        kind = t.tensor_type.name
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # [out, in]
+        data = t.data
+        piece = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        perm = rotary_unpermutation(shape[0], permuted[piece]) if piece in permuted else None
+        if kind in _FLOATS:
+            tensor = torch.from_numpy(np.array(data)).reshape(shape)  # a copy: the map is read-only
+            yield name, tensor[torch.from_numpy(perm)] if perm is not None else tensor
+        elif kind in BLOCKS:
+            raw = data if perm is None else data[perm]
+            yield name, GgufTensor(kind, raw, shape)
+        else:
+            from gguf.quants import dequantize
+
+            logger.info("GGUF %s tensor %s: expanded to float32 (not kept packed)", kind, t.name)
+            tensor = torch.from_numpy(dequantize(data, t.tensor_type)).reshape(shape)
+            yield name, tensor[torch.from_numpy(perm)] if perm is not None else tensor

@@ -1,0 +1,161 @@
+"""FP8 W8A8 (e4m3): weights one byte each with a float32 scale per output channel,
+activations quantized per token on the fly (or by a checkpoint's static scale), products
+through cuBLASLt's FP8 GEMM with fp32 accumulation.
+
+Where the weights come from:
+    a 16-bit checkpoint     `--quantization fp8`: each layer quantized once, at load
+                            (per channel: the row's largest magnitude maps to 448)
+    an FP8 checkpoint       config.json's quantization_config, either
+                            {"quant_method": "fp8", "activation_scheme": "dynamic"|"static"}
+                            (weight_scale a scalar per tensor, input_scale if static), or
+                            compressed-tensors' float-quantized layout (weight_scale per
+                            tensor [1] or per channel [out, 1]; input_activations dynamic
+                            per token, or static per tensor)
+    dummy weights           drawn in 16 bits, then quantized like a 16-bit checkpoint
+
+Per-tensor scales of a fused layer's parts ([q; k; v]) become per-channel rows, so every
+layer runs one rowwise-scaled GEMM; static input scales of fused parts take their maximum.
+A layer the checkpoint left in 16 bits (its `ignore` list) stays a plain layer.
+
+At batch 1 a step reads every weight once: there a Triton gemv reads the e4m3 weights
+against the 16-bit activation row directly (fp8_kernels.fp8_gemv), which needs no
+quantization kernel before each product; `CADENCE_FP8_GEMV=0` sends batch 1 to the GEMM.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cadence.quant import fp8_kernels as fk
+from cadence.quant.base import LinearMethod, QuantMethod, dtype_of, read, shape_of
+
+USE_GEMV = os.environ.get("CADENCE_FP8_GEMV", "1") != "0"
+
+
+@dataclass(frozen=True)
+class Fp8Scheme:
+    serialized: bool = False  # the checkpoint's weights are e4m3 with weight_scale
+    static_input: bool = False  # activations use the checkpoint's input_scale
+
+    def describe(self) -> str:
+        weights = "e4m3 checkpoint" if self.serialized else "quantized at load"
+        acts = "static activation scales" if self.static_input else "per-token activations"
+        return f"fp8 W8A8 ({weights}, {acts})"
+
+
+def scheme_from_config(qcfg: dict | None) -> Fp8Scheme | None:
+    """The FP8 scheme a checkpoint's quantization_config declares (None: no config).
+    Raises ValueError for a quantization this engine does not run."""
+    if not qcfg:
+        return None
+    method = qcfg.get("quant_method")
+    if method == "fp8":
+        if qcfg.get("weight_block_size"):
+            raise ValueError("block-wise FP8 checkpoints (weight_block_size) are not supported")
+        return Fp8Scheme(serialized=True, static_input=qcfg.get("activation_scheme") == "static")
+    if method == "compressed-tensors":
+        groups = list((qcfg.get("config_groups") or {}).values())
+        if len(groups) != 1:
+            raise ValueError("compressed-tensors: one config group is supported")
+        weights, acts = groups[0].get("weights") or {}, groups[0].get("input_activations") or {}
+        is_fp8 = weights.get("type") == "float" and weights.get("num_bits") == 8
+        if not is_fp8 or weights.get("strategy") not in ("tensor", "channel"):
+            raise ValueError(
+                "compressed-tensors: only FP8 weights per tensor or per channel are supported"
+            )
+        if acts and (acts.get("type") != "float" or acts.get("num_bits") != 8):
+            raise ValueError("compressed-tensors: only FP8 activations are supported")
+        static = bool(acts) and not acts.get("dynamic", True)
+        if static and acts.get("strategy") != "tensor":
+            raise ValueError("compressed-tensors: static activation scales must be per tensor")
+        return Fp8Scheme(serialized=True, static_input=static)
+    raise ValueError(
+        f"quantization method {method!r} is not supported (fp8, compressed-tensors FP8, GGUF)"
+    )
+
+
+class Fp8LinearMethod(LinearMethod):
+    name = "fp8"
+
+    def __init__(self, scheme: Fp8Scheme) -> None:
+        self.scheme = scheme
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
+        dtype = fk.FP8 if self.scheme.serialized else torch.get_default_dtype()
+        layer.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype), False)
+        layer.weight_scale = nn.Parameter(torch.ones(out_features, dtype=torch.float32), False)
+        if self.scheme.static_input:
+            layer.input_scale = nn.Parameter(torch.zeros(1, dtype=torch.float32), False)
+        layer.fp8_plain = False  # a layer the checkpoint keeps in 16 bits
+
+    def load(self, layer, kind, source, rows, cols, dest) -> None:
+        if kind == "weight" and self.scheme.serialized and dtype_of(source) != fk.FP8:
+            if not layer.fp8_plain:  # an ignored layer: 16-bit weights, plain product
+                shape = tuple(layer.weight.shape)
+                layer.weight = nn.Parameter(torch.empty(shape, device=layer.weight.device), False)
+                layer.fp8_plain = True
+            return super().load(layer, kind, source, rows, cols, dest)
+        if kind == "weight_scale":
+            scale = _as_float(source)
+            if scale.numel() == 1:  # per tensor: every row of this part
+                layer.weight_scale.data[dest] = scale.reshape(())
+            else:  # per channel [out, 1]: this rank's rows
+                layer.weight_scale.data[dest] = read(source, rows, None).reshape(-1).float()
+            return None
+        if kind == "input_scale":
+            scale = _as_float(source).reshape(-1)[0]
+            layer.input_scale.data.fill_(max(float(layer.input_scale), float(scale)))
+            return None
+        return super().load(layer, kind, source, rows, cols, dest)
+
+    def finish(self, layer: nn.Module) -> None:
+        if layer.fp8_plain or self.scheme.serialized:
+            return
+        q, scale = fk.quantize_weight(layer.weight.data)
+        layer.weight = nn.Parameter(q, requires_grad=False)
+        layer.weight_scale = nn.Parameter(scale, requires_grad=False)
+
+    def apply(self, layer, x, bias):
+        if layer.fp8_plain:
+            return F.linear(x, layer.weight, bias)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        out_dtype = x.dtype if x.dtype != torch.float32 else torch.bfloat16
+        if x2.shape[0] == 1 and x2.is_cuda and USE_GEMV and not self.scheme.static_input:
+            y = fk.fp8_gemv(x2.contiguous(), layer.weight, layer.weight_scale, bias)
+        else:
+            if self.scheme.static_input:
+                xq, xs = fk.quantize_static(x2, layer.input_scale)
+            else:
+                xq, xs = fk.quantize_per_token(x2)
+            ws = layer.weight_scale.view(1, -1)
+            y = fk.scaled_mm(xq, xs, layer.weight, ws, bias, out_dtype)
+        return y.to(x.dtype).reshape(*lead, y.shape[-1])
+
+    def plain_weight(self, layer):
+        return layer.weight if layer.fp8_plain else None
+
+
+def _as_float(source) -> torch.Tensor:
+    """A scale tensor (a safetensors slice of any rank, 0-d included) as float32."""
+    if isinstance(source, torch.Tensor):
+        return source.float()
+    return (source[...] if shape_of(source) == () else source[:]).float()
+
+
+class Fp8Quant(QuantMethod):
+    name = "fp8"
+
+    def __init__(self, scheme: Fp8Scheme | None = None) -> None:
+        self.scheme = scheme or Fp8Scheme()
+
+    def linear(self) -> LinearMethod:
+        return Fp8LinearMethod(self.scheme)
+
+    def describe(self) -> str:
+        return self.scheme.describe()

@@ -1,0 +1,198 @@
+"""GGUF weights kept quantized: each linear layer and the vocabulary hold the file's blocks
+as 4-bit planes (gguf_blocks.py) and multiply through a kernel that expands them on the fly:
+
+    CPU    torch's packed int4 kernel (int4_cpu.py), groups of 32 and more
+    CUDA   a Triton dequantizing matmul (int4_triton.py), any group
+
+A GGUF tensor arrives as a `GgufTensor` (its format name and raw rows, in Hugging Face's
+layout: [out, in], Q/K rows already in HF's order); float tensors of the file (norms, an
+F16 projection) arrive as plain tensors and stay plain. A layer fused from several
+tensors ([q; k; v]) keeps one kernel when their formats agree, else one per part.
+Q6_K on a CPU (groups of 16, which torch's kernel lacks) is expanded to the model's
+dtype at load, and the log says so.
+
+The vocabulary keeps its codes (one byte a weight) for the embedding lookup, and builds
+the planes kernel for the LM head's logits the first time they are asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from torch import nn
+
+from cadence.quant.base import EmbeddingMethod, LinearMethod, QuantMethod, read
+from cadence.quant.gguf_blocks import Codes, decode, to_planes
+
+logger = logging.getLogger(__name__)
+
+
+class GgufTensor:
+    """One quantized tensor of a GGUF file, [out, in] as Hugging Face lays it out: its
+    format and its raw rows (uint8 [out, row bytes]). Slicing takes rows."""
+
+    def __init__(self, kind: str, raw: np.ndarray, shape: tuple[int, int]) -> None:
+        self.kind = kind
+        self.raw = raw
+        self.shape = tuple(shape)
+
+    def __getitem__(self, rows: slice) -> GgufTensor:
+        if not isinstance(rows, slice):
+            raise TypeError("a GGUF tensor slices by rows only")
+        raw = self.raw[rows]
+        return GgufTensor(self.kind, raw, (raw.shape[0], self.shape[1]))
+
+    def codes(self) -> Codes:
+        return decode(self.kind, self.raw, self.shape)
+
+
+def _kernel(codes: Codes, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    planes = to_planes(codes)
+    if device.type == "cuda":
+        from cadence.quant.int4_triton import Int4Planes
+
+        return Int4Planes(planes, device)
+    from cadence.quant import int4_cpu
+
+    if int4_cpu.supported(planes):
+        return int4_cpu.Int4PackCPU(planes, dtype)
+    logger.info("GGUF groups of %d: expanded to %s at load (no CPU kernel)", codes.group, dtype)
+    return _Dense(codes.dequantize().to(dtype))
+
+
+class _Dense(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight.t()
+
+
+def _concat(parts: list[Codes]) -> Codes | None:
+    """The parts' rows as one Codes, when their formats agree (else None)."""
+    first = parts[0]
+    if any(p.group != first.group or (p.bits <= 4) != (first.bits <= 4) for p in parts):
+        return None
+    return Codes(
+        torch.cat([p.v for p in parts]),
+        torch.cat([p.s for p in parts]),
+        torch.cat([p.c for p in parts]),
+        first.group,
+        max(p.bits for p in parts),
+    )
+
+
+class GgufLinearMethod(LinearMethod):
+    name = "gguf"
+
+    def create_weights(self, layer: nn.Module, out_features: int, in_features: int) -> None:
+        # A placeholder, so the checkpoint's "...weight" names a parameter while loading.
+        layer.weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        layer.gguf_parts = []  # (first row, Codes or float tensor), in load order
+        layer.gguf_dtype = torch.get_default_dtype()
+
+    def load(self, layer, kind, source, rows, cols, dest) -> None:
+        if kind != "weight":
+            return super().load(layer, kind, source, rows, cols, dest)
+        if cols is not None and (cols.start, cols.stop) != (0, source.shape[1]):
+            raise ValueError("GGUF weights do not split over tensor-parallel ranks")
+        part = source[rows].codes() if isinstance(source, GgufTensor) else read(source, rows, None)
+        layer.gguf_parts.append((dest.start, part))
+
+    def finish(self, layer: nn.Module) -> None:
+        parts = [p for _, p in sorted(layer.gguf_parts, key=lambda item: item[0])]
+        device, dtype = layer.bias.device if layer.bias is not None else None, layer.gguf_dtype
+        device = device or layer.weight.device
+        if parts and all(isinstance(p, Codes) for p in parts) and (whole := _concat(parts)):
+            kernels = [_kernel(whole, dtype, device)]
+        else:
+            kernels = [
+                _kernel(p, dtype, device) if isinstance(p, Codes) else _Dense(p.to(device, dtype))
+                for p in parts
+            ]
+        layer.kernels = nn.ModuleList(kernels)
+        layer.weight = None
+        del layer.gguf_parts
+
+    def apply(self, layer, x, bias):
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1])
+        kernels = layer.kernels
+        y = kernels[0](x2) if len(kernels) == 1 else torch.cat([k(x2) for k in kernels], -1)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*lead, y.shape[-1])
+
+    def plain_weight(self, layer):
+        return None
+
+
+class _CodesTable(nn.Module):
+    """Codes on the device, for row lookups."""
+
+    def __init__(self, codes: Codes, device: torch.device) -> None:
+        super().__init__()
+        self.register_buffer("v", codes.v.to(device))
+        self.register_buffer("s", codes.s.to(device))
+        self.register_buffer("c", codes.c.to(device))
+        self.group, self.bits = codes.group, codes.bits
+
+    def codes(self) -> Codes:
+        return Codes(self.v, self.s, self.c, self.group, self.bits)
+
+
+class GgufEmbeddingMethod(EmbeddingMethod):
+    name = "gguf"
+
+    def create_weights(self, layer: nn.Module, rows: int, hidden: int) -> None:
+        super().create_weights(layer, rows, hidden)
+        layer.gguf_codes = None
+        layer.gguf_logits = None
+        layer.gguf_dtype = torch.get_default_dtype()
+
+    def load(self, layer, source, rows, count) -> None:
+        if not isinstance(source, GgufTensor):
+            return super().load(layer, source, rows, count)  # a float table stays plain
+        codes = source[rows].codes()
+        pad = layer.weight.shape[0] - count
+        if pad:  # rows past the vocabulary: all zero (v = 0, s = c = 0)
+            nb = codes.s.shape[1]
+            codes = Codes(
+                torch.cat([codes.v, codes.v.new_zeros(pad, codes.v.shape[1])]),
+                torch.cat([codes.s, codes.s.new_zeros(pad, nb)]),
+                torch.cat([codes.c, codes.c.new_zeros(pad, nb)]),
+                codes.group,
+                codes.bits,
+            )
+        device = layer.weight.device
+        layer.gguf_codes = _CodesTable(codes, device)
+        layer.weight = None
+
+    def embed(self, layer, ids):
+        if layer.gguf_codes is None:
+            return super().embed(layer, ids)
+        return layer.gguf_codes.codes().rows(ids).to(layer.gguf_dtype)
+
+    def logits(self, layer, hidden):
+        if layer.gguf_logits is None:
+            if layer.gguf_codes is None:
+                return super().logits(layer, hidden)
+            # Built on the first call (the memory profile's forward pass, before any graph).
+            table = layer.gguf_codes
+            layer.gguf_logits = _kernel(table.codes(), layer.gguf_dtype, table.v.device)
+            if not getattr(layer, "serves_lookup", True):
+                layer.gguf_codes = None  # an LM head only: the planes are all it needs
+        return layer.gguf_logits(hidden.reshape(-1, hidden.shape[-1]))
+
+
+class GgufQuant(QuantMethod):
+    name = "gguf"
+
+    def linear(self) -> LinearMethod:
+        return GgufLinearMethod()
+
+    def embedding(self) -> EmbeddingMethod:
+        return GgufEmbeddingMethod()
