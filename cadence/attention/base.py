@@ -10,7 +10,9 @@ The device never sees a request, only token positions and block tables:
     slot_mapping  [T]          flat cache slot (block_id * block_size + offset) of each token
     block_tables  [B, max_blocks]  physical block ids, in order
 
-KV cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim].
+KV cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim], in the
+model's dtype or in FP8 (e4m3): then a slot holds k / k_scale and v / v_scale (the layer's
+scales, saturated at 448) and every reader widens the tiles and multiplies the scales back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ import abc
 from dataclasses import dataclass
 
 import torch
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype == FP8_KV_DTYPE
 
 
 @dataclass
@@ -53,7 +62,9 @@ class AttentionBackend(abc.ABC):
         meta: AttentionMetadata,
         scale: float,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_scale: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:  # [T, Hq, D]
         """Rotate q and k by `rotary` (cos, sin [T, 1, D], rotate-half; None: already
         rotated), write k/v into their slots, then attend each query token to its context.
-        q and k may be rotated in place."""
+        q and k may be rotated in place. `kv_scale` (k_scale, v_scale) applies to an FP8
+        cache only."""

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from cadence.attention.base import AttentionBackend, AttentionMetadata
+from cadence.attention.base import (
+    FP8_KV_DTYPE,
+    FP8_MAX,
+    AttentionBackend,
+    AttentionMetadata,
+    is_fp8,
+)
 from cadence.layers.rotary import apply_rotary
 
 # Queries up to this many tokens join the batched call (decodes, speculative verifies).
@@ -80,15 +86,30 @@ class TorchAttentionBackend(AttentionBackend):
         return meta
 
     def forward(
-        self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float, rotary=None
+        self,
+        q,
+        k,
+        v,
+        kv_cache,
+        meta: AttentionMetadata,
+        scale: float,
+        rotary=None,
+        kv_scale: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         if rotary is not None:
             q, k = apply_rotary(q, k, rotary)
         num_kv_heads, head_dim = kv_cache.shape[-2:]
-        k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
-        v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
-        k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
+        if is_fp8(kv_cache.dtype):
+            # Stored scaled and saturated; read back widened and rescaled. (CPU torch has
+            # no index ops for float8: they run on the bytes.)
+            k_flat, v_flat = _Fp8Rows(kv_cache[0], kv_scale[0]), _Fp8Rows(kv_cache[1], kv_scale[1])
+            k_flat.write(meta.slot_mapping, k)
+            v_flat.write(meta.slot_mapping, v)
+        else:
+            k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+            v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+            k_flat.index_copy_(0, meta.slot_mapping, k.to(k_flat.dtype))
+            v_flat.index_copy_(0, meta.slot_mapping, v.to(v_flat.dtype))
 
         plan: _Plan = meta.backend_data
         out = torch.empty_like(q)
@@ -101,8 +122,8 @@ class TorchAttentionBackend(AttentionBackend):
             b, qmax = plan.short_mask.shape[0], plan.short_mask.shape[2]
             qs = q[plan.short_rows].view(b, qmax, num_kv_heads, group, head_dim)
             qs = qs.transpose(1, 2).reshape(b, num_kv_heads, qmax * group, head_dim)
-            ks = k_flat[plan.short_slots].transpose(1, 2)  # [B, Hkv, L, D]
-            vs = v_flat[plan.short_slots].transpose(1, 2)
+            ks = k_flat[plan.short_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+            vs = v_flat[plan.short_slots].to(q.dtype).transpose(1, 2)
             mask = plan.short_mask
             if qmax > 1:  # each query token's mask row, once per head of its group
                 mask = mask.repeat_interleave(group, dim=2)
@@ -115,10 +136,26 @@ class TorchAttentionBackend(AttentionBackend):
                 out[plan.short_rows[plan.short_real]] = os_[plan.short_real]
         for start, qlen, slots, mask in plan.prefills:
             qp = q[start : start + qlen].transpose(0, 1)  # [Hq, q, D]
-            kp = k_flat[slots].transpose(0, 1)  # [Hkv, L, D]
-            vp = v_flat[slots].transpose(0, 1)
+            kp = k_flat[slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
+            vp = v_flat[slots].to(q.dtype).transpose(0, 1)
             op = F.scaled_dot_product_attention(
                 qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True
             )
             out[start : start + qlen] = op.transpose(0, 1)
         return out
+
+
+class _Fp8Rows:
+    """One half (K or V) of an FP8 cache as slots: write scales and saturates, indexing
+    returns the rows widened to float32 and rescaled."""
+
+    def __init__(self, cache: torch.Tensor, scale: float) -> None:
+        self.bytes = cache.reshape(-1, *cache.shape[-2:]).view(torch.uint8)
+        self.scale = scale
+
+    def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:
+        q = (x.float() / self.scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_KV_DTYPE)
+        self.bytes.index_copy_(0, slots, q.view(torch.uint8))
+
+    def __getitem__(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.bytes[slots].view(FP8_KV_DTYPE).float() * self.scale

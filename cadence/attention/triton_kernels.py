@@ -45,11 +45,14 @@ def write_kv_kernel(
     stride_chead,
     num_q_heads,
     num_kv_heads,
+    k_inv_scale,  # FP8 caches: stored = clamp(k / k_scale) (1.0 otherwise, unused)
+    v_inv_scale,
     BLOCK_SIZE: tl.constexpr,
     HALF: tl.constexpr,  # head_dim // 2
     BLOCK_H: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     ROTARY: tl.constexpr,
+    SCALED: tl.constexpr,  # an FP8 cache: scale and saturate on the way in
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -89,11 +92,18 @@ def write_kv_kernel(
         k2 = tl.load(src_k + HALF, mask=mask)
         if ROTARY:  # the rotated key goes to the cache only: attention reads keys there
             k1, k2 = rotate_half_rows(k1, k2, cos1, sin1, cos2, sin2)
+        v1 = tl.load(src_v, mask=mask)
+        v2 = tl.load(src_v + HALF, mask=mask)
         out_t = cache_ptr.dtype.element_ty
+        if SCALED:  # e4m3 has no infinity: saturate at its largest finite value
+            k1 = tl.clamp(k1.to(tl.float32) * k_inv_scale, -448.0, 448.0)
+            k2 = tl.clamp(k2.to(tl.float32) * k_inv_scale, -448.0, 448.0)
+            v1 = tl.clamp(v1.to(tl.float32) * v_inv_scale, -448.0, 448.0)
+            v2 = tl.clamp(v2.to(tl.float32) * v_inv_scale, -448.0, 448.0)
         tl.store(dst, k1.to(out_t), mask=mask)
         tl.store(dst + HALF, k2.to(out_t), mask=mask)
-        tl.store(dst + stride_ckv, tl.load(src_v, mask=mask).to(out_t), mask=mask)
-        tl.store(dst + stride_ckv + HALF, tl.load(src_v + HALF, mask=mask).to(out_t), mask=mask)
+        tl.store(dst + stride_ckv, v1.to(out_t), mask=mask)
+        tl.store(dst + stride_ckv + HALF, v2.to(out_t), mask=mask)
 
 
 # ---------------------------------------------------------------------------------------
@@ -103,7 +113,7 @@ def write_kv_kernel(
 
 @triton.jit
 def _attend_range(
-    q,  # [BLOCK_M, HEAD_DIM], cache dtype
+    q,  # [BLOCK_M, HEAD_DIM], the model's dtype (an FP8 cache's tiles are widened to it)
     q_pos,  # [BLOCK_M] int32 absolute position of each row's token (causal limit)
     acc,  # [BLOCK_M, HEAD_DIM] fp32 running output (unnormalised)
     m_i,  # [BLOCK_M] fp32 running max (log2 domain)
@@ -145,6 +155,7 @@ def _attend_range(
             k = tl.load(cache_ptr + off[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
         else:
             k = tl.load(cache_ptr + off[None, :] + d[:, None])
+        k = k.to(q.dtype)  # exact for e4m3; a no-op for a cache of the model's dtype
         if DOT_F32:
             s = tl.dot(q.to(tl.float32), k.to(tl.float32), input_precision="ieee")
         else:
@@ -165,7 +176,8 @@ def _attend_range(
             )
         else:
             v = tl.load(cache_ptr + stride_ckv + off[:, None] + d[None, :])
-        # P is rounded to the cache dtype, as tensor cores take it.
+        v = v.to(q.dtype)
+        # P is rounded to the model's dtype, as tensor cores take it.
         p = p.to(v.dtype)
         if DOT_F32:
             pv = tl.dot(p.to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -248,6 +260,7 @@ def _attend_rows_and_store(
     stride_ctok,
     stride_chead,
     qk_scale,
+    v_scale,
     BLOCK_M: tl.constexpr,
     G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -277,7 +290,7 @@ def _attend_rows_and_store(
     # Keys before the program's first query token are visible to all its rows.
     kv_full = tl.minimum(pos0, kv_hi) // BLOCK_N * BLOCK_N
     acc, m_i, l_i = attend(
-        q.to(cache_ptr.dtype.element_ty),
+        q,
         q_pos,
         cache_ptr,
         bt_row_ptr,
@@ -297,7 +310,7 @@ def _attend_rows_and_store(
         DOT_F32,
         TWO_PHASE,
     )
-    out = acc / l_i[:, None]
+    out = acc / l_i[:, None] * v_scale
     tl.store(
         out_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -327,7 +340,8 @@ def paged_attention_kernel(
     stride_chead,
     stride_bt,
     group,
-    qk_scale,
+    qk_scale,  # softmax scale * log2(e) * the cache's k_scale
+    v_scale,  # the cache's v_scale (1.0 unless FP8)
     work_q,  # query tokens per work item (from build)
     TOK: tl.constexpr,  # query tokens per program (= BLOCK_M // G_PAD)
     BLOCK_M: tl.constexpr,
@@ -365,7 +379,7 @@ def paged_attention_kernel(
                 _attend_rows_and_store(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
-                    stride_cblk, stride_ctok, stride_chead, qk_scale,
+                    stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale,
                     SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
                     False,
                 )  # fmt: skip
@@ -373,7 +387,7 @@ def paged_attention_kernel(
                 _attend_rows_and_store(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
-                    stride_cblk, stride_ctok, stride_chead, qk_scale,
+                    stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale,
                     BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
                     TWO_PHASE,
                 )  # fmt: skip
@@ -381,7 +395,7 @@ def paged_attention_kernel(
             _attend_rows_and_store(
                 q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                 group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
-                stride_cblk, stride_ctok, stride_chead, qk_scale,
+                stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale,
                 BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
                 False,
             )  # fmt: skip

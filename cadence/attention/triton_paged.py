@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import torch
 
 from cadence.attention import triton_split_kv
-from cadence.attention.base import AttentionBackend, AttentionMetadata
+from cadence.attention.base import AttentionBackend, AttentionMetadata, is_fp8
 from cadence.attention.triton_kernels import paged_attention_kernel, write_kv_kernel
 from cadence.layers.fused import pdl
 
@@ -277,10 +277,11 @@ class TritonAttentionBackend(AttentionBackend):
         slot_mapping: torch.Tensor,
         q: torch.Tensor | None = None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_scale: tuple[float, float] = (1.0, 1.0),
     ) -> None:
         """Kernel A: copy each token's K/V rows into its slot (a slot < 0 is skipped). With
         `rotary` (cos, sin [T, 1, D]), q is rotated in place and k on its way to the cache,
-        in the same launch."""
+        in the same launch. An FP8 cache stores k / k_scale and v / v_scale, saturated."""
         num_tokens, num_kv_heads, head_dim = k.shape
         if num_tokens == 0:
             return
@@ -309,11 +310,14 @@ class TritonAttentionBackend(AttentionBackend):
             kv_cache.stride(3),
             q.shape[1],
             num_kv_heads,
+            1.0 / kv_scale[0],
+            1.0 / kv_scale[1],
             BLOCK_SIZE=kv_cache.shape[2],
             HALF=head_dim // 2,
             BLOCK_H=_next_pow2(num_kv_heads),
             BLOCK_HQ=min(8, _next_pow2(q.shape[1])),
             ROTARY=rotary is not None,
+            SCALED=is_fp8(kv_cache.dtype),
             PDL=pdl(k.device),
             launch_pdl=pdl(k.device),
         )
@@ -327,6 +331,7 @@ class TritonAttentionBackend(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_scale: tuple[float, float] = (1.0, 1.0),
     ) -> torch.Tensor:
         plan: TritonPlan = meta.backend_data
         num_tokens, num_heads, head_dim = q.shape
@@ -344,17 +349,22 @@ class TritonAttentionBackend(AttentionBackend):
         if num_tokens == 0:
             return out
 
-        self.write_kv(k, v, kv_cache, meta.slot_mapping, q, rotary)
+        kv_scale = kv_scale if is_fp8(kv_cache.dtype) else (1.0, 1.0)
+        self.write_kv(k, v, kv_cache, meta.slot_mapping, q, rotary, kv_scale)
         use_pdl = pdl(q.device)
 
         group = num_heads // num_kv_heads
         g_pad = _next_pow2(group)
-        qk_scale = scale * LOG2E
-        # fp32 caches get true fp32 products (tf32 would break the reference tolerance).
-        precision = "ieee" if kv_cache.dtype == torch.float32 else "tf32"
+        # An FP8 cache holds k / k_scale and v / v_scale: k_scale folds into the scores'
+        # scale, v_scale into the output, so the tiles are only widened, never multiplied.
+        qk_scale = scale * LOG2E * kv_scale[0]
+        v_scale = kv_scale[1]
+        # The products run in the model's dtype (an FP8 cache's tiles are widened to it).
+        # fp32 models get true fp32 products (tf32 would break the reference tolerance).
+        precision = "ieee" if q.dtype == torch.float32 else "tf32"
         # Triton's interpreter multiplies bf16 blocks as raw 16-bit integers (seen with
         # triton 3.9), so under it the products run in fp32 on the same bf16 values.
-        dot_f32 = _INTERPRETER and kv_cache.dtype == torch.bfloat16
+        dot_f32 = _INTERPRETER and q.dtype == torch.bfloat16
         block_tables = meta.block_tables
         n_items = plan.work_req.numel()
         if n_items:
@@ -365,10 +375,10 @@ class TritonAttentionBackend(AttentionBackend):
             block_m = small_m if plan.work_q == 1 else max(small_m, MAX_BLOCK_M)
             tok = block_m // g_pad
             n_sub = _cdiv(plan.work_q, tok)
-            block_n, num_warps, num_stages = _tile_config(kv_cache.dtype, head_dim)
+            block_n, num_warps, num_stages = _tile_config(q.dtype, head_dim)
             if plan.work_q == 1:
                 num_warps, num_stages = 4, 2
-                if kv_cache.dtype != torch.float32:
+                if q.dtype != torch.float32:
                     block_n, num_warps, num_stages = decode_launch(n_items, head_dim)
             paged_attention_kernel[(n_items, num_kv_heads, n_sub)](
                 q,
@@ -390,6 +400,7 @@ class TritonAttentionBackend(AttentionBackend):
                 block_tables.stride(0),
                 group,
                 qk_scale,
+                v_scale,
                 plan.work_q,
                 TOK=tok,
                 BLOCK_M=block_m,
@@ -421,5 +432,6 @@ class TritonAttentionBackend(AttentionBackend):
                 precision,
                 dot_f32,
                 use_pdl,
+                v_scale,
             )
         return out

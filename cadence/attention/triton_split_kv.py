@@ -90,6 +90,7 @@ def split_kv_kernel(
     num_parts,
     min_partition,
     qk_scale,
+    v_scale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -123,7 +124,7 @@ def split_kv_kernel(
         )
         q_pos = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)  # a decode sees everything
         acc, m_i, l_i = attend(
-            q.to(cache_ptr.dtype.element_ty),
+            q,
             q_pos,
             cache_ptr,
             block_tables_ptr + req.to(tl.int64) * stride_bt,
@@ -145,7 +146,8 @@ def split_kv_kernel(
         )
         # The partition is non-empty and fully visible, so l >= 1 on every row.
         entry = work_ptr + ((i * num_heads + head) * num_parts + part) * (HEAD_DIM + 2)
-        tl.store(entry[:, None] + d[None, :], acc / l_i[:, None], mask=row_ok[:, None])
+        out = acc / l_i[:, None] * v_scale
+        tl.store(entry[:, None] + d[None, :], out, mask=row_ok[:, None])
         tl.store(entry + HEAD_DIM, m_i, mask=row_ok)
         tl.store(entry + HEAD_DIM + 1, l_i, mask=row_ok)
 
@@ -203,6 +205,7 @@ def split_kv_attention(
     precision: str,
     dot_f32: bool,
     use_pdl: bool,
+    v_scale: float = 1.0,
 ) -> None:
     """Kernel C then its reduce, for the decodes in `split_req`."""
     n_split = split_req.numel()
@@ -211,7 +214,7 @@ def split_kv_attention(
     group = num_heads // num_kv_heads
     if num_parts > MAX_SPLIT_PARTS:
         raise ValueError(f"num_parts {num_parts} exceeds MAX_SPLIT_PARTS {MAX_SPLIT_PARTS}")
-    block_n = split_block_n(kv_cache.dtype, head_dim)
+    block_n = split_block_n(q.dtype, head_dim)
     # One workspace for the partials: (out, max, sum) per partition. Under graph capture it
     # comes from the graph's pool, at a fixed address.
     work = torch.empty(
@@ -237,6 +240,7 @@ def split_kv_attention(
         num_parts,
         min_partition,
         qk_scale,
+        v_scale,
         BLOCK_M=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
         HEAD_DIM=head_dim,

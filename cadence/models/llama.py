@@ -67,6 +67,10 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+        # An FP8 cache stores k / k_scale and v / v_scale: the checkpoint's scales where it
+        # has them, else 1.0. Plain floats: they are constant once loaded (and a CUDA
+        # graph keeps kernel arguments by value).
+        self.kv_scale: tuple[float, float] = (1.0, 1.0)
 
     def forward(self, cos_sin, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Attention from the projected qkv [T, (Hq + 2 Hkv) * D] to o_proj's output."""
@@ -77,7 +81,7 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         # The backend rotates q and k (the Triton one while it writes K/V to the cache).
-        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale, cos_sin)
+        out = self.backend.forward(q, k, v, self.kv_cache, meta, self.scale, cos_sin, self.kv_scale)
         out = out.reshape(-1, self.q_size)
         o = self.o_proj
         if (gemv := _batch1_gemv(out, o, "o")) is not None:
@@ -152,6 +156,19 @@ def _norm_linear(x, residual, norm: RMSNorm, linear: ColumnParallelLinear, proje
     else:
         x, residual = norm(x, residual)
     return linear(x), residual
+
+
+def _kv_scale_of(name: str) -> tuple[int, str] | None:
+    """(layer, "k" or "v") when a checkpoint name is a KV-cache scale: `self_attn.k_scale`
+    / `v_scale` (compressed-tensors), or `k_proj.output_scale` / `v_proj.output_scale`."""
+    parts = name.split(".")
+    if len(parts) < 4 or parts[0] != "layers":
+        return None
+    tail = ".".join(parts[2:])
+    for which in ("k", "v"):
+        if tail in (f"self_attn.{which}_scale", f"self_attn.{which}_proj.output_scale"):
+            return int(parts[1]), which
+    return None
 
 
 class LlamaForCausalLM(nn.Module):
@@ -248,6 +265,13 @@ class LlamaForCausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding serves
+            if (kv := _kv_scale_of(name)) is not None:
+                layer, which = kv
+                attn = self.layers[layer].self_attn
+                value = float(source[...] if shape_of(source) == () else source[:].max())
+                k, v = attn.kv_scale
+                attn.kv_scale = (value, v) if which == "k" else (k, value)
+                continue
             shard = 0
             for piece, (fused, index) in self._fused.items():
                 if f".{piece}." in name:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from cadence.attention.base import AttentionBackend
+from cadence.attention.base import FP8_KV_DTYPE, AttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
 from cadence.distributed.communication import broadcast_, min_over_ranks
@@ -130,6 +130,9 @@ class ModelRunner:
         )
         if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
             enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)
+        # The pool's element type: the model's, or e4m3 (--kv-cache-dtype fp8).
+        fp8_kv = config.cache.kv_cache_dtype.startswith("fp8")
+        self.kv_dtype = FP8_KV_DTYPE if fp8_kv else self.dtype
         self.vocab_size = int(self.hf_config.vocab_size)
         self.eos_token_ids = eos_token_ids(self.model_path, self.hf_config)
         self.block_size = config.cache.block_size
@@ -208,7 +211,7 @@ class ModelRunner:
     # ---- memory -----------------------------------------------------------------------
 
     def _kv_bytes_per_block(self) -> int:
-        own = kv_bytes_per_block(self.model, self.block_size, self.dtype)
+        own = kv_bytes_per_block(self.model, self.block_size, self.kv_dtype)
         return own + (self.spec.kv_bytes_per_block() if self.spec is not None else 0)
 
     def _num_kv_blocks(self) -> int:
@@ -230,14 +233,15 @@ class ModelRunner:
 
     def allocate_kv_cache(self, log: bool = True) -> None:
         self.kv_caches = bind_kv_caches(
-            self.model, self.num_blocks, self.block_size, self.dtype, self.device
+            self.model, self.num_blocks, self.block_size, self.kv_dtype, self.device
         )
         if self.spec is not None:  # a draft model's own K/V, in the same block ids
             self.kv_caches += self.spec.allocate_kv_cache(self.num_blocks)
         if not log:
             return
         logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB",
+            "KV cache (%s): %d blocks of %d tokens = %d tokens, %.2f GiB",
+            str(self.kv_dtype).removeprefix("torch."),
             self.num_blocks,
             self.block_size,
             self.num_blocks * self.block_size,
