@@ -24,6 +24,24 @@ from cadence.layers.fused import gdc_wait, rotate_half_rows
 
 
 @triton.jit
+def _e4m3_grid(x, EXACT_ROUND: tl.constexpr):
+    """x (float32, within +-448) for a cast to e4m3. GPUs convert with round-to-nearest-
+    even; Triton's interpreter (3.9) rounds some values across a binade wrongly (-7.83 to
+    -4) and flushes subnormals, so under it x is first rounded onto the e4m3 grid here
+    (3 mantissa bits, subnormal steps of 2^-9), which the cast then keeps exactly."""
+    if EXACT_ROUND:
+        ax = tl.abs(x)
+        e = tl.floor(tl.log2(tl.maximum(ax, 1e-30)))
+        ulp = tl.exp2(tl.maximum(e, -6.0) - 3.0)
+        y = ax / ulp
+        r = tl.floor(y + 0.5)
+        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+        r = tl.where(((r - y) == 0.5) & odd, r - 1.0, r)
+        x = tl.where(x < 0, -r * ulp, r * ulp)
+    return x
+
+
+@triton.jit
 def write_kv_kernel(
     q_ptr,
     k_ptr,
@@ -53,6 +71,7 @@ def write_kv_kernel(
     BLOCK_HQ: tl.constexpr,
     ROTARY: tl.constexpr,
     SCALED: tl.constexpr,  # an FP8 cache: scale and saturate on the way in
+    EXACT_ROUND: tl.constexpr,  # round onto the e4m3 grid before the cast (the interpreter)
     PDL: tl.constexpr,
 ):
     if PDL:
@@ -96,10 +115,10 @@ def write_kv_kernel(
         v2 = tl.load(src_v + HALF, mask=mask)
         out_t = cache_ptr.dtype.element_ty
         if SCALED:  # e4m3 has no infinity: saturate at its largest finite value
-            k1 = tl.clamp(k1.to(tl.float32) * k_inv_scale, -448.0, 448.0)
-            k2 = tl.clamp(k2.to(tl.float32) * k_inv_scale, -448.0, 448.0)
-            v1 = tl.clamp(v1.to(tl.float32) * v_inv_scale, -448.0, 448.0)
-            v2 = tl.clamp(v2.to(tl.float32) * v_inv_scale, -448.0, 448.0)
+            k1 = _e4m3_grid(tl.clamp(k1.to(tl.float32) * k_inv_scale, -448.0, 448.0), EXACT_ROUND)
+            k2 = _e4m3_grid(tl.clamp(k2.to(tl.float32) * k_inv_scale, -448.0, 448.0), EXACT_ROUND)
+            v1 = _e4m3_grid(tl.clamp(v1.to(tl.float32) * v_inv_scale, -448.0, 448.0), EXACT_ROUND)
+            v2 = _e4m3_grid(tl.clamp(v2.to(tl.float32) * v_inv_scale, -448.0, 448.0), EXACT_ROUND)
         tl.store(dst, k1.to(out_t), mask=mask)
         tl.store(dst + HALF, k2.to(out_t), mask=mask)
         tl.store(dst + stride_ckv, v1.to(out_t), mask=mask)

@@ -318,6 +318,7 @@ class TritonAttentionBackend(AttentionBackend):
             BLOCK_HQ=min(8, _next_pow2(q.shape[1])),
             ROTARY=rotary is not None,
             SCALED=is_fp8(kv_cache.dtype),
+            EXACT_ROUND=_INTERPRETER and is_fp8(kv_cache.dtype),
             PDL=pdl(k.device),
             launch_pdl=pdl(k.device),
         )

@@ -13,11 +13,17 @@ from memory at 4 bits a plane, which is what makes a small batch's step short.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from cadence.quant.gguf_blocks import Planes
+
+# Triton's interpreter multiplies bf16 blocks as raw integers (triton 3.9): under it the
+# products run in fp32 on the same values.
+_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -72,7 +78,7 @@ def _int4_planes_kernel(
             w += q * s[:, :, None]
         w = w.reshape([BLOCK_N, BLOCK_K]).to(x.dtype)
         if IEEE:
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+            acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:
             acc += tl.dot(x, tl.trans(w))
     tl.store(
@@ -124,7 +130,7 @@ class Int4Planes(torch.nn.Module):
             BLOCK_M=block_m,
             BLOCK_N=block_n,
             BLOCK_K=block_k,
-            IEEE=x.dtype == torch.float32,
+            IEEE=x.dtype == torch.float32 or _INTERPRETER,
             num_warps=4,
             num_stages=3,
         )
