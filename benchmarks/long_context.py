@@ -53,6 +53,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--cuda-graph-prefill", action="store_true")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8")
+    ap.add_argument("--quantization", default="auto", help="auto | none | fp8")
     ap.add_argument("--hbm-gbps", type=float, default=None, help="default: measure it")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -75,6 +77,8 @@ def main() -> None:
         skip_tokenizer_init=True,
         enforce_eager=args.enforce_eager,
         cuda_graph_prefill=args.cuda_graph_prefill,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
     )
     start_s = time.perf_counter() - t0
     compiles_at_start = len(COMPILES)
@@ -98,7 +102,9 @@ def main() -> None:
 
     results = {"hbm_gbps": hbm, "engine_start_s": start_s, "weight_bytes": weight_bytes}
     print(f"engine ready in {start_s:.1f} s ({compiles_at_start} Triton compiles); "
-          f"HBM {hbm:.0f} GB/s; weights {weight_bytes / 1e9:.2f} GB", flush=True)  # fmt: skip
+          f"HBM {hbm:.0f} GB/s; weights {weight_bytes / 1e9:.2f} GB; KV cache "
+          f"{str(runner.kv_dtype).removeprefix('torch.')}, {runner.num_blocks} blocks",
+          flush=True)  # fmt: skip
     for case in args.cases.split(","):
         batch, length = (int(x) for x in case.split("x"))
         before = len(COMPILES)

@@ -19,7 +19,9 @@ A layer the checkpoint left in 16 bits (its `ignore` list) stays a plain layer.
 
 At batch 1 a step reads every weight once: there a Triton gemv reads the e4m3 weights
 against the 16-bit activation row directly (fp8_kernels.fp8_gemv), which needs no
-quantization kernel before each product; `CADENCE_FP8_GEMV=0` sends batch 1 to the GEMM.
+quantization kernel before each product (W8A16 there: more exact than W8A8, and the same
+bytes); a few rows more take Triton's W8A8 GEMM, many take cuBLASLt's (see below); `CADENCE_FP8_TRITON=0` sends
+every batch to cuBLASLt's GEMM.
 """
 
 from __future__ import annotations
@@ -34,7 +36,17 @@ from torch import nn
 from cadence.quant import fp8_kernels as fk
 from cadence.quant.base import LinearMethod, QuantMethod, dtype_of, read, shape_of
 
-USE_GEMV = os.environ.get("CADENCE_FP8_GEMV", "1") != "0"
+# Which kernel a product takes, by rows M of activations (CUDA). Measured on an H200 at
+# Llama-3.1-8B's shapes (benchmarks/fp8_gemm_sweep.py, benchmarks/RESULTS.md):
+#   M = 1                the e4m3 weights meet the 16-bit activation row in a Triton gemv:
+#                        1.7-1.8x bf16's cuBLAS
+#   M <= TRITON_MM_ROWS  per-token quantization + Triton's W8A8 GEMM (fp8_kernels.fp8_mm):
+#                        from 8 to 128 rows it beat torch._scaled_mm on every projection but
+#                        one (gate_up at 128), and a tensor-core kernel on 16-bit activations
+#   above                per-token quantization + torch._scaled_mm (cuBLASLt)
+# CADENCE_FP8_TRITON=0 sends every product to torch._scaled_mm.
+USE_TRITON = os.environ.get("CADENCE_FP8_TRITON", "1") != "0"
+TRITON_MM_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -126,15 +138,22 @@ class Fp8LinearMethod(LinearMethod):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1])
         out_dtype = x.dtype if x.dtype != torch.float32 else torch.bfloat16
-        if x2.shape[0] == 1 and x2.is_cuda and USE_GEMV and not self.scheme.static_input:
+        m = x2.shape[0]
+        fast = x2.is_cuda and USE_TRITON
+        if fast and m == 1 and not self.scheme.static_input:
             y = fk.fp8_gemv(x2.contiguous(), layer.weight, layer.weight_scale, bias)
         else:
             if self.scheme.static_input:
                 xq, xs = fk.quantize_static(x2, layer.input_scale)
             else:
                 xq, xs = fk.quantize_per_token(x2)
-            ws = layer.weight_scale.view(1, -1)
-            y = fk.scaled_mm(xq, xs, layer.weight, ws, bias, out_dtype)
+            if fast and m <= TRITON_MM_ROWS:
+                n = layer.weight.shape[0]
+                cfg = fk.MM_CONFIG_WIDE if n >= fk.MM_WIDE_N else fk.MM_CONFIG
+                y = fk.fp8_mm(xq, xs, layer.weight, layer.weight_scale, bias, out_dtype, cfg)
+            else:
+                ws = layer.weight_scale.view(1, -1)
+                y = fk.scaled_mm(xq, xs, layer.weight, ws, bias, out_dtype)
         return y.to(x.dtype).reshape(*lead, y.shape[-1])
 
     def plain_weight(self, layer):

@@ -134,13 +134,12 @@ def test_fp8_checkpoint_with_per_tensor_and_static_scales_loads_as_written(
     qkv = model.layers[0].self_attn.qkv_proj
     pre = "model.layers.0.self_attn."
     assert qkv.weight.dtype == F8
-    assert torch.equal(
-        qkv.weight.view(torch.uint8)[:64], written[pre + "q_proj.weight"].view(torch.uint8)
-    )
+    q_rows = qkv.weight.view(torch.uint8)[:64].cpu()
+    assert torch.equal(q_rows, written[pre + "q_proj.weight"].view(torch.uint8))
     # one scale a fused part, spread over its rows; the largest static input scale
     sizes = [64, 32, 32]
     for i, part in enumerate(("q_proj", "k_proj", "v_proj")):
-        rows = qkv.weight_scale[sum(sizes[:i]) : sum(sizes[: i + 1])]
+        rows = qkv.weight_scale[sum(sizes[:i]) : sum(sizes[: i + 1])].cpu()
         assert torch.all(rows == written[pre + part + ".weight_scale"])
     statics = [float(written[pre + p + ".input_scale"]) for p in ("q_proj", "k_proj", "v_proj")]
     assert float(qkv.input_scale) == pytest.approx(max(statics))

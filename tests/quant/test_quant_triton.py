@@ -74,6 +74,18 @@ def fp8_errors(device: str) -> dict[str, float]:
     want = xr.float() @ (wq.float() * ws[:, None]).t() + bias.float()
     got = fk.fp8_gemv(xr, wq, ws, bias).float()
     out["gemv"] = ((got - want).abs().max() / want.abs().max()).item()
+    for m in (1, 5, 40):  # one, a few and a tile and a half of rows
+        xm = torch.randn(m, 256, dtype=torch.bfloat16, device=device)
+        xq, xs = fk.quantize_per_token(xm)
+        want = (xq.float() * xs) @ (wq.float() * ws[:, None]).t() + bias.float()
+        got = fk.fp8_mm(xq, xs, wq, ws, bias, torch.bfloat16, (32, 32, 64, 4, 2)).float()
+        out[f"mm_{m}"] = ((got - want).abs().max() / want.abs().max()).item()
+    xm = torch.randn(3, 96, dtype=torch.bfloat16, device=device)  # K = 96: a tail tile
+    w96, ws96 = fk.quantize_weight(torch.randn(40, 96, device=device))
+    xq, xs = fk.quantize_per_token(xm)
+    want = (xq.float() * xs) @ (w96.float() * ws96[:, None]).t()
+    got = fk.fp8_mm(xq, xs, w96, ws96, None, torch.bfloat16, (32, 32, 64, 4, 2)).float()
+    out["mm_tail"] = ((got - want).abs().max() / want.abs().max()).item()
     return out
 
 
@@ -111,6 +123,9 @@ def _check_fp8(errors: dict[str, float]) -> None:
     assert errors["quant_scale"] < 1e-6
     assert errors["quant_values"] == 0.0  # the same rounding as torch's cast
     assert errors["gemv"] < 1e-2  # bf16 output rounding
+    for m in (1, 5, 40):
+        assert errors[f"mm_{m}"] < 1e-2
+    assert errors["mm_tail"] < 1e-2
 
 
 @needs_triton
