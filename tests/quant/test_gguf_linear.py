@@ -39,9 +39,11 @@ def test_linear_matches_the_dequantized_weight(kind):
     assert layer.weight is None  # nothing expanded is kept
     expect_kernel = Int4PackCPU if kind != "Q6_K" else torch.nn.Module
     assert isinstance(layer.kernels[0], expect_kernel)
-    x = torch.randn(5, k)
-    want = F.linear(x.double(), src.codes().dequantize().double()).float()
-    torch.testing.assert_close(layer(x), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    for rows in (5, 400):  # the packed kernel; expanded once for a prefill-sized call
+        x = torch.randn(rows, k)
+        want = F.linear(x.double(), src.codes().dequantize().double()).float()
+        got = layer(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 def test_bf16_activations_agree_within_bf16_rounding():
@@ -133,3 +135,13 @@ def test_codes_decode_the_rows_a_slice_names():
     with pytest.raises(TypeError):
         src[1]
     assert decode("Q4_K", part.raw, part.shape).v.shape == (3, 256)
+
+
+@pytest.mark.parametrize("n", [64, 100, 960])
+def test_cpu_kernel_expands_its_packed_bytes_exactly(n):
+    """The packed layout Int4PackCPU.dequantize reads is torch's (rows padded to 64)."""
+    from cadence.quant.gguf_blocks import to_planes
+
+    codes = gguf_tensor("Q8_0", n, 128).codes()  # two planes
+    kernel = Int4PackCPU(to_planes(codes), torch.float32)
+    torch.testing.assert_close(kernel.dequantize(), codes.dequantize(), rtol=1e-5, atol=1e-6)
