@@ -41,10 +41,10 @@ def main() -> None:
         for m in (1, 4, 8, 16, 32, 64, 128, 512, 2048):
             x = torch.randn(m, k, dtype=torch.bfloat16)
             reps = max(3, 2000 // m)
-            packed = ms(lambda x=x: torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x, kernel.packed0, 32, kernel.sz0), reps)  # fmt: skip
-            expand = ms(lambda x=x: torch.nn.functional.linear(x, kernel.dequantize()), reps)
-            plain = ms(lambda x=x: torch.nn.functional.linear(x, w), reps)
+            packed = ms(lambda x=x, kn=kernel: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, kn.packed0, 32, kn.sz0), reps)  # fmt: skip
+            expand = ms(lambda x=x, kn=kernel: torch.nn.functional.linear(x, kn.dequantize()), reps)
+            plain = ms(lambda x=x, w=w: torch.nn.functional.linear(x, w), reps)
             print(f"{name:8s} M={m:5d}: packed {packed:7.3f} ms  expand+gemm {expand:7.3f} ms"
                   f"  bf16 gemm {plain:7.3f} ms", flush=True)  # fmt: skip
 

@@ -4,8 +4,9 @@
 #   bash benchmarks/quant_cpu.sh [OUT_DIR]
 # `cadence serve` (512 MiB KV pool, so the weights show in the RSS) + `cadence bench serve
 # --sweep 1,4,16`, random 128 -> 128, EOS ignored, 32 prompts a point; the server's RSS
-# (its process tree, sampled every 2 s) is in each point's "soak.rss"; then the
-# teacher-forced accuracy of benchmarks/quant_accuracy.py on this machine.
+# (its process tree, sampled every 2 s) is in each point's "soak.rss"; then the engine
+# process's own RSS by format (benchmarks/quant_rss.py) and the teacher-forced accuracy of
+# benchmarks/quant_accuracy.py on this machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results}
@@ -23,6 +24,7 @@ for cfg in "gguf:--quantization gguf" "bf16:--quantization none --dtype bfloat16
     --save-json "$out/quant_cpu_$name.json" 2>&1 | grep -v " INFO " | tee "$out/quant_cpu_$name.log"
   kill $server; wait $server || true
 done
+.venv/bin/python benchmarks/quant_rss.py gguf none 2>&1 | tee "$out/quant_rss_cpu.log"
 .venv/bin/python benchmarks/quant_accuracy.py --device cpu --configs gguf,gguf32,fp8_kv \
   --json "$out/quant_accuracy_cpu.json" 2>&1 | grep -v " INFO \|WARNING\|clean_up" \
   | tee "$out/quant_accuracy_cpu.log"

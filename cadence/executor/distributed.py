@@ -30,6 +30,7 @@ from cadence.executor.base import Executor
 from cadence.executor.step_channel import StepChannel
 from cadence.executor.worker import WorkerSpec
 from cadence.layers.linear import check_shardable
+from cadence.loader.gguf import ensure_float_weights
 from cadence.loader.loader import load_hf_config, resolve_model_path
 from cadence.worker.model_runner import ModelRunner, pick_device
 
@@ -56,7 +57,9 @@ class DistributedExecutor(Executor):
         self._in_call = False
         self._closed = False
         self._broken = False
-        model_path = resolve_model_path(config.model.model)  # a GGUF converts here, once
+        model_path = resolve_model_path(config.model.model)  # a GGUF's metadata, once
+        if config.model.load_format != "dummy":
+            ensure_float_weights(model_path)  # a GGUF serves expanded over ranks: once, here
         check_shardable(load_hf_config(model_path), self.size)  # before starting any rank
         try:
             self._start(config, model_path)

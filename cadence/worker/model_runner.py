@@ -23,7 +23,13 @@ from cadence.distributed.one_shot import ONE_SHOT_MAX_BYTES
 from cadence.distributed.parallel_state import enable_one_shot, get_tp
 from cadence.layers.sampler import Sampler, SamplerOutput
 from cadence.loader.hf_config import generation_eos_ids
-from cadence.loader.loader import load_hf_config, load_model, resolve_dtype, resolve_model_path
+from cadence.loader.loader import (
+    load_hf_config,
+    load_model,
+    release_freed_memory,
+    resolve_dtype,
+    resolve_model_path,
+)
 from cadence.sampling_params import SamplingParams
 from cadence.spec_decode.decoder import SpecDecoder
 from cadence.worker import prompt_logprobs
@@ -196,6 +202,7 @@ class ModelRunner:
             )
         if self.spec is not None and self.device.type == "cuda" and not config.enforce_eager:
             self.spec.proposer.capture_graphs()
+        release_freed_memory()  # what loading and profiling freed, back to the OS
 
     def _make_backend(self, name: str) -> AttentionBackend:
         return make_attention_backend(name, self.device, self.hf_config)
