@@ -1,0 +1,1 @@
+"""Weight formats: how a layer holds its weight and multiplies by it (see base.py)."""
