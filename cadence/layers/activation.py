@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cadence.layers import cpu_ops
+
 
 class SiluAndMul(nn.Module):
     """x = [gate | up] along the last dim -> silu(gate) * up."""
@@ -15,5 +17,7 @@ class SiluAndMul(nn.Module):
             from cadence.layers import fused  # one Triton kernel instead of three
 
             return fused.silu_and_mul(x)
+        if x.dim() == 2 and (ops := cpu_ops.usable(x)) is not None:
+            return ops.silu_and_mul(x)  # one call instead of chunk / silu / mul
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cadence.layers import cpu_ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -29,6 +31,9 @@ class RMSNorm(nn.Module):
             if residual is None:
                 return fused.rms_norm(x, self.weight, self.eps)
             return fused.add_rms_norm(x, residual, self.weight, self.eps)
+        if x.dim() == 2 and x.dtype == self.weight.dtype and (ops := cpu_ops.usable(x)) is not None:
+            out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)  # one call
+            return out if residual is None else (out, summed)
         if residual is None:
             return self._norm(x)
         x = x + residual

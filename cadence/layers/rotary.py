@@ -11,6 +11,8 @@ import math
 import torch
 from torch import nn
 
+from cadence.layers import cpu_ops
+
 
 def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [head_dim / 2], attention scale) for the config's rope type.
@@ -86,6 +88,9 @@ def apply_rotary(
         from cadence.layers import fused
 
         fused.rotary_(q, k, cos, sin)
+        return q, k
+    if cos.dtype == q.dtype and (ops := cpu_ops.usable(q)) is not None:
+        ops.rotary_(q, k, cos, sin)  # in place, as on CUDA: q, k are views of fresh qkv
         return q, k
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 

@@ -118,13 +118,13 @@ class GgufLinearMethod(LinearMethod):
         del layer.gguf_parts
 
     def apply(self, layer, x, bias):
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, x.shape[-1])
+        flat = x.dim() == 2  # the engine's case: [tokens, features], no reshapes
+        x2 = x if flat else x.reshape(-1, x.shape[-1])
         kernels = layer.kernels
         y = kernels[0](x2) if len(kernels) == 1 else torch.cat([k(x2) for k in kernels], -1)
         if bias is not None:
             y = y + bias
-        return y.reshape(*lead, y.shape[-1])
+        return y if flat else y.reshape(*x.shape[:-1], y.shape[-1])
 
     def plain_weight(self, layer):
         return None

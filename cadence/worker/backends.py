@@ -7,16 +7,26 @@ import os
 import torch
 
 from cadence.attention.base import AttentionBackend
+from cadence.attention.cpu_paged import CpuPagedAttentionBackend
 from cadence.attention.torch_ref import TorchAttentionBackend
+from cadence.layers import cpu_ops
 from cadence.layers.linear import local_kv_heads
 
 
 def make_attention_backend(name: str, device: torch.device, hf_config) -> AttentionBackend:
-    """`name` (auto: triton on CUDA, torch elsewhere) for a model of `hf_config`."""
+    """`name` (auto: triton on CUDA; on the CPU the paged C++ kernel where it builds, else
+    torch) for a model of `hf_config`."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            name = "triton"
+        else:
+            name = "cpu" if device.type == "cpu" and cpu_ops.ops() is not None else "torch"
     if name == "torch":
         return TorchAttentionBackend()
+    if name == "cpu":
+        if device.type != "cpu" or cpu_ops.ops() is None:
+            raise ValueError("the cpu attention backend needs a CPU device and its C++ kernels")
+        return CpuPagedAttentionBackend()
     if device.type != "cuda" and not os.environ.get("TRITON_INTERPRET"):
         raise ValueError("the triton attention backend needs a CUDA device")
     from cadence.attention.triton_paged import TritonAttentionBackend

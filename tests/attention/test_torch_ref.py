@@ -4,10 +4,13 @@ attention over each request's cached prefix and query, with grouped KV heads."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cadence.attention.base import AttentionMetadata
+from cadence.attention.cpu_paged import CpuPagedAttentionBackend
 from cadence.attention.torch_ref import SHORT_QUERY, TorchAttentionBackend
+from cadence.layers import cpu_ops
 
 BS, HQ, HKV, D = 4, 4, 2, 8
 
@@ -23,7 +26,18 @@ def reference(q, keys, values, ctx):
     return (probs @ v).transpose(0, 1)
 
 
-def test_short_and_long_queries_equal_plain_attention():
+def _backend(name: str):
+    if name == "torch":
+        return TorchAttentionBackend()
+    if cpu_ops.ops() is None:
+        pytest.skip("the CPU kernels did not build on this machine (no C++ compiler)")
+    return CpuPagedAttentionBackend()
+
+
+# "cpu": the same plan, short queries read straight from the block pool by the C++ kernel.
+@pytest.mark.parametrize("backend_name", ["torch", "cpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_and_long_queries_equal_plain_attention(backend_name, dtype):
     g = torch.Generator().manual_seed(0)
     qlens = [1, 3, SHORT_QUERY, SHORT_QUERY + 1, 5, 1]
     ctxs = [7, 0, 12, 3, 30, 1]
@@ -61,10 +75,14 @@ def test_short_and_long_queries_equal_plain_attention():
         seq_lens_cpu=seq_lens,
         block_size=BS,
     )
-    backend = TorchAttentionBackend()
+    backend = _backend(backend_name)
+    cache, q, k, v = cache.to(dtype), q.to(dtype), k.to(dtype), v.to(dtype)
     out = backend.forward(q, k, v, cache, backend.build(meta), D**-0.5)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
     start = 0
     for (keys, values), qlen, ctx in zip(kv_per_req, qlens, ctxs):
-        want = reference(q[start : start + qlen], keys, values, ctx)
-        torch.testing.assert_close(out[start : start + qlen], want, rtol=1e-5, atol=1e-5)
+        keys, values = keys.to(dtype).float(), values.to(dtype).float()
+        want = reference(q[start : start + qlen].float(), keys, values, ctx)
+        torch.testing.assert_close(out[start : start + qlen].float(), want, rtol=tol, atol=tol)
         start += qlen

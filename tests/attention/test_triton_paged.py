@@ -164,9 +164,9 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
 
     ref_cache = cache.float()
     ref_backend = TorchAttentionBackend()
-    ref = ref_backend.forward(
-        q.float(),
-        k.float(),
+    ref = ref_backend.forward(  # copies: a backend may rotate q and k in place
+        q.float().clone(),
+        k.float().clone(),
         v.float(),
         ref_cache,
         ref_backend.build(meta()),

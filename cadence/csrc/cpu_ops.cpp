@@ -1,0 +1,332 @@
+// Fused CPU kernels for the decode step (cadence/layers/cpu_ops.py builds and loads them).
+//
+// A CPU decode step at small batch is not bound by its matmuls alone: each decoder layer
+// also ran ~50 small PyTorch ops (RMSNorm as pow/mean/rsqrt/mul/cast, rotary as
+// cat/neg/mul/add for q and k, SiLU and the gate multiply, and a token-by-token gather of
+// every decoding request's K/V for SDPA), each a few microseconds of dispatch. Each
+// function here does one of those chains in one call:
+//
+//   add_rms_norm(x, residual?, weight, eps) -> (out, x + residual)
+//   rotary_(q, k, cos, sin)                  rotate q and k in place (rotate-half layout)
+//   silu_and_mul(x) -> out                   silu(x[:, :d]) * x[:, d:]
+//   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
+//                   block_size, scale)       short queries read K/V straight from the pool
+//
+// Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
+// activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
+// outputs equal the unfused layers' up to the order of float32 sums.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float to_f(T v) {
+  return static_cast<float>(v);
+}
+
+// Round through the activation dtype (a no-op for float32).
+template <typename T>
+inline float round_t(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+// Dot product of n floats with sixteen partial sums (the compiler keeps them in one
+// vector register; a single running sum would serialise every add).
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  float s = acc[0];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// exp(x) for the softmax, branch-free so a loop of them vectorizes (std::exp is a scalar
+// libm call: ~2,300 of them a layer at 256 keys were a third of the kernel). Cody-Waite
+// range reduction and Cephes' degree-6 polynomial: within 2 ulp of expf on [-87, 88];
+// below -87 it returns 2^-126 instead of 0, which a softmax sum cannot tell apart.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// A row of n values widened to float32 (bf16: the 16 bits are a float's high half; a
+// loop of shifts the compiler vectorizes, where c10's scalar conversion is not).
+template <typename T>
+inline void widen(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+template <>
+inline void widen<c10::BFloat16>(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
+}
+
+void check_rows(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor");
+  TORCH_CHECK(t.stride(-1) == 1, name, " must be contiguous in its last dimension");
+}
+
+// ---- RMSNorm with the residual add ---------------------------------------------------
+
+template <typename T>
+void add_rms_norm_impl(const torch::Tensor& x, const torch::Tensor* residual,
+                       const torch::Tensor& weight, double eps, torch::Tensor& out,
+                       torch::Tensor& res_out) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const T* xp = x.data_ptr<T>();
+  const T* rp = residual ? residual->data_ptr<T>() : nullptr;
+  const T* wp = weight.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  T* sp = res_out.data_ptr<T>();
+  const int64_t xs = x.stride(0), rs = residual ? residual->stride(0) : 0;
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<float> h(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = xp + r * xs;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t i = 0; i < n; ++i) {
+        // x + residual is a tensor of dtype T in PyTorch: round it before squaring.
+        float v = rp ? round_t<T>(to_f(xr[i]) + to_f(rp[r * rs + i])) : to_f(xr[i]);
+        h[i] = v;
+        acc[i & 7] += v * v;
+      }
+      float ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+      T* o = op + r * n;
+      T* s = sp + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        s[i] = static_cast<T>(h[i]);
+        o[i] = static_cast<T>(to_f(wp[i]) * round_t<T>(h[i] * inv));
+      }
+    }
+  });
+}
+
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
+                                        torch::Tensor weight, double eps) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [rows, hidden]");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "bad norm weight");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "norm weight dtype != x dtype");
+  if (residual) {
+    check_rows(*residual, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(),
+                "residual must match x");
+  }
+  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  auto res_out = residual ? torch::empty({x.size(0), x.size(1)}, x.options()) : x;
+  const torch::Tensor* rp = residual ? &*residual : nullptr;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm",
+                                  [&] { add_rms_norm_impl<scalar_t>(x, rp, weight, eps, out, res_out); });
+  return {out, res_out};
+}
+
+// ---- rotary embedding, in place ------------------------------------------------------
+
+template <typename T>
+void rotate_rows(torch::Tensor& t, const T* cos, const T* sin, int64_t cs_stride) {
+  const int64_t tokens = t.size(0), heads = t.size(1), dim = t.size(2), half = dim / 2;
+  T* p = t.data_ptr<T>();
+  const int64_t ts = t.stride(0), hs = t.stride(1);
+  at::parallel_for(0, tokens * heads, 64, [&](int64_t i0, int64_t i1) {
+    std::vector<float> x(dim);
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t tok = i / heads, head = i % heads;
+      T* row = p + tok * ts + head * hs;
+      const T* c = cos + tok * cs_stride;
+      const T* s = sin + tok * cs_stride;
+      for (int64_t d = 0; d < dim; ++d) x[d] = to_f(row[d]);
+      for (int64_t d = 0; d < dim; ++d) {
+        // q * cos + rotate_half(q) * sin, each product rounded as PyTorch's would be.
+        const float rot = d < half ? -x[d + half] : x[d - half];
+        row[d] = static_cast<T>(round_t<T>(x[d] * to_f(c[d])) + round_t<T>(rot * to_f(s[d])));
+      }
+    }
+  });
+}
+
+void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin) {
+  check_rows(q, "q");
+  check_rows(k, "k");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3, "q and k must be [tokens, heads, dim]");
+  TORCH_CHECK(q.size(2) % 2 == 0, "rotary needs an even head dim");
+  TORCH_CHECK(cos.scalar_type() == q.scalar_type() && sin.scalar_type() == q.scalar_type(),
+              "cos/sin dtype != q dtype");
+  auto c = cos.reshape({cos.size(0), -1}).contiguous();
+  auto s = sin.reshape({sin.size(0), -1}).contiguous();
+  TORCH_CHECK(c.size(0) == q.size(0) && c.size(1) == q.size(2), "cos/sin must be [tokens, 1, dim]");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "rotary_", [&] {
+    rotate_rows<scalar_t>(q, c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(), c.size(1));
+    rotate_rows<scalar_t>(k, c.data_ptr<scalar_t>(), s.data_ptr<scalar_t>(), c.size(1));
+  });
+}
+
+// ---- SiLU and multiply ----------------------------------------------------------------
+
+torch::Tensor silu_and_mul(torch::Tensor x) {
+  check_rows(x, "x");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "x must be [rows, 2 * d]");
+  const int64_t rows = x.size(0), d = x.size(1) / 2, xs = x.stride(0);
+  auto out = torch::empty({rows, d}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows * d, 4096, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t r = i / d, j = i % d;
+        const float g = to_f(xp[r * xs + j]);
+        const float silu = round_t<scalar_t>(g / (1.0f + std::exp(-g)));
+        op[i] = static_cast<scalar_t>(silu * to_f(xp[r * xs + d + j]));
+      }
+    });
+  });
+  return out;
+}
+
+// ---- paged attention for short queries ------------------------------------------------
+
+// One unit of work: query token `qi` of request `b`, the `group` query heads that share KV
+// head `kvh`. Scores for every key it sees, softmax, then the weighted sum of V, reading
+// the keys block by block where they lie in the pool (no gathered copy of the context).
+// Keys are walked by block, not by position: a position -> slot division per key cost
+// more than the arithmetic.
+template <typename T>
+void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride,
+                 int64_t o_tok_stride, int64_t o_head_stride, const T* kc, const T* vc,
+                 int64_t slot_stride, int64_t head_dim, const int64_t* table, int64_t block_size,
+                 int64_t row, int64_t keys, int64_t kvh, int64_t group, float scale,
+                 std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& rows,
+                 std::vector<float>& acc) {
+  const int64_t D = head_dim;
+  qf.resize(group * D);
+  scores.resize(group * keys);
+  rows.resize(block_size * D);
+  acc.assign(group * D, 0.0f);
+  for (int64_t g = 0; g < group; ++g)
+    widen(q + row * q_tok_stride + (kvh * group + g) * q_head_stride, &qf[g * D], D);
+  const int64_t blocks = (keys + block_size - 1) / block_size;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * block_size, n = std::min(block_size, keys - first);
+    const T* base = kc + table[blk] * block_size * slot_stride + kvh * D;
+    for (int64_t j = 0; j < n; ++j) widen(base + j * slot_stride, &rows[j * D], D);
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t j = 0; j < n; ++j)
+        scores[g * keys + first + j] = dot(&qf[g * D], &rows[j * D], D) * scale;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = &scores[g * keys];
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < keys; ++p) m = std::max(m, s[p]);
+    float sum = 0.0f;
+    for (int64_t p = 0; p < keys; ++p) s[p] = exp_approx(s[p] - m);
+    for (int64_t p = 0; p < keys; ++p) sum += s[p];
+    const float inv = 1.0f / sum;
+    for (int64_t p = 0; p < keys; ++p) s[p] *= inv;
+  }
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * block_size, n = std::min(block_size, keys - first);
+    const T* base = vc + table[blk] * block_size * slot_stride + kvh * D;
+    for (int64_t j = 0; j < n; ++j) widen(base + j * slot_stride, &rows[j * D], D);
+    for (int64_t g = 0; g < group; ++g) {
+      float* a = &acc[g * D];
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = scores[g * keys + first + j];
+        const float* v = &rows[j * D];
+        for (int64_t d = 0; d < D; ++d) a[d] += w * v[d];
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    T* o = out + row * o_tok_stride + (kvh * group + g) * o_head_stride;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[g * D + d]);
+  }
+}
+
+// out/q: [T, Hq, D]; k_cache/v_cache: [slots, Hkv, D]; block_tables: [B, max_blocks] int64;
+// first_row/query_lens/seq_lens: [B] int64 (the request's first row in q, its query
+// tokens, and its keys including them). Query token i of a request sits at position
+// seq_len - query_len + i and sees keys 0..that position.
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                     torch::Tensor v_cache, torch::Tensor block_tables, torch::Tensor first_row,
+                     torch::Tensor query_lens, torch::Tensor seq_lens, int64_t block_size,
+                     double scale) {
+  check_rows(q, "q");
+  check_rows(out, "out");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "cache dtype != q dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && first_row.scalar_type() == at::kLong &&
+                  query_lens.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
+              "index tensors must be int64");
+  auto tables = block_tables.contiguous();
+  const int64_t B = first_row.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t Hkv = k_cache.size(1), group = Hq / Hkv, max_blocks = tables.size(1);
+  TORCH_CHECK(Hq % Hkv == 0 && k_cache.size(2) == D, "head counts / dims disagree");
+  const int64_t* fr = first_row.data_ptr<int64_t>();
+  const int64_t* ql = query_lens.data_ptr<int64_t>();
+  const int64_t* sl = seq_lens.data_ptr<int64_t>();
+  // Units: (request, query token, KV head), flattened through a prefix sum over queries.
+  std::vector<int64_t> unit_start(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(ql[b] >= 1 && ql[b] <= sl[b], "query_len must be in 1..seq_len");
+    TORCH_CHECK((sl[b] + block_size - 1) / block_size <= max_blocks, "block table too short");
+    unit_start[b + 1] = unit_start[b] + ql[b] * Hkv;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    const scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    const int64_t* tp = tables.data_ptr<int64_t>();
+    at::parallel_for(0, unit_start[B], 1, [&](int64_t u0, int64_t u1) {
+      std::vector<float> qf, scores, kf, acc;
+      int64_t b = std::upper_bound(unit_start.begin(), unit_start.end(), u0) - unit_start.begin() - 1;
+      for (int64_t u = u0; u < u1; ++u) {
+        while (u >= unit_start[b + 1]) ++b;
+        const int64_t local = u - unit_start[b], qi = local / Hkv, kvh = local % Hkv;
+        const int64_t keys = sl[b] - ql[b] + qi + 1;
+        attend_unit<scalar_t>(op, qp, q.stride(0), q.stride(1), out.stride(0), out.stride(1), kc,
+                              vc, Hkv * D, D, tp + b * max_blocks, block_size, fr[b] + qi, keys,
+                              kvh, group, static_cast<float>(scale), qf, scores, kf, acc);
+      }
+    });
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("add_rms_norm", &add_rms_norm, "(norm(x + residual), x + residual)");
+  m.def("rotary_", &rotary_, "rotate q and k in place");
+  m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
+  m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");
+}

@@ -1,0 +1,79 @@
+"""Fused CPU kernels (cadence/csrc/cpu_ops.cpp), compiled once per machine and cached.
+
+`make setup` builds them (`python -m cadence.layers.cpu_ops`); a process that finds no
+build compiles them on first use (about a minute on two cores) under
+~/.cache/cadence/cpu_ops (CADENCE_CACHE_DIR moves it). Where they cannot be built (no C++
+compiler) or CADENCE_CPU_KERNELS=0, `ops()` is None and the layers keep their plain
+PyTorch ops: the same results, more dispatches a step.
+
+    add_rms_norm(x, residual | None, weight, eps) -> [norm(x + residual), x + residual]
+    rotary_(q, k, cos, sin)                           in place
+    silu_and_mul(x) -> silu(x[:, :d]) * x[:, d:]
+    paged_attention(out, q, k_cache, v_cache, block_tables, first_row, query_lens,
+                    seq_lens, block_size, scale)
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_ops.cpp"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
+
+
+def enabled() -> bool:
+    return os.environ.get("CADENCE_CPU_KERNELS", "1") != "0"
+
+
+def build_dir() -> Path:
+    """A folder per source text, flags and torch version: an edit or a new torch rebuilds."""
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()
+    ).hexdigest()[:16]
+    root = Path(os.environ.get("CADENCE_CACHE_DIR", Path.home() / ".cache" / "cadence"))
+    return root / "cpu_ops" / key
+
+
+@functools.cache
+def ops() -> ModuleType | None:
+    """The compiled module, or None (disabled, or the build failed: logged once)."""
+    if not enabled():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        path = build_dir()
+        path.mkdir(parents=True, exist_ok=True)
+        return load(
+            name="cadence_cpu_ops",
+            sources=[str(SOURCE)],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(path),
+            verbose=False,
+        )
+    except Exception as e:  # no compiler, no ninja: the plain PyTorch ops serve
+        logger.warning("CPU kernels unavailable, using plain PyTorch ops: %s", e)
+        return None
+
+
+def usable(x: torch.Tensor) -> ModuleType | None:
+    """The module when `x` may take the fused CPU kernels (a CPU float tensor), else None."""
+    if x.device.type != "cpu" or not x.is_floating_point() or x.dtype.itemsize == 1:
+        return None
+    return ops()
+
+
+if __name__ == "__main__":  # `make setup`: compile now, not in the first server's start-up
+    logging.basicConfig(level=logging.INFO)
+    module = ops()
+    print(f"cadence CPU kernels: {'built in ' + str(build_dir()) if module else 'not available'}")
