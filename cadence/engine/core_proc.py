@@ -97,6 +97,7 @@ def run_engine_core(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when we stop
     limit_arenas()  # before the grammar threads and torch's pools start
     bound_onednn_cache()  # before the first CPU matmul
+    _setup_threads(config)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(in_addr)
@@ -113,6 +114,18 @@ def run_engine_core(
         ctx.term()
     if code:
         sys.exit(code)
+
+
+def _setup_threads(config: EngineConfig) -> None:
+    """A CPU engine with one rank owns this process: size and pin its thread pool."""
+    import torch
+
+    cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    if cpu and config.parallel.tensor_parallel_size == 1:
+        from cadence.worker.cpu_threads import setup_cpu_threads
+
+        p = config.parallel
+        setup_cpu_threads(p.cpu_threads, p.cpu_bind_threads)
 
 
 def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> int:

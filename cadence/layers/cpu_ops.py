@@ -1,6 +1,6 @@
 """Fused CPU kernels (cadence/csrc/cpu_ops.cpp), compiled once per machine and cached.
 
-`make setup` builds them (`python -m cadence.layers.cpu_ops`); a process that finds no
+`make setup` builds them (`cpu_ops.main()`); a process that finds no
 build compiles them on first use (about a minute on two cores) under
 ~/.cache/cadence/cpu_ops (CADENCE_CACHE_DIR moves it). Where they cannot be built (no C++
 compiler) or CADENCE_CPU_KERNELS=0, `ops()` is None and the layers keep their plain
@@ -19,6 +19,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 from pathlib import Path
 from types import ModuleType
 
@@ -34,11 +35,18 @@ def enabled() -> bool:
     return os.environ.get("CADENCE_CPU_KERNELS", "1") != "0"
 
 
+def _cpu_model() -> str:
+    try:  # -march=native: a build is only good for the CPU it was made on
+        return next(line for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
 def build_dir() -> Path:
-    """A folder per source text, flags and torch version: an edit or a new torch rebuilds."""
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()
-    ).hexdigest()[:16]
+    """A folder per source text, flags, torch version and CPU model: an edit, a new torch
+    or another machine sharing the home folder rebuilds."""
+    text = " ".join(FLAGS) + torch.__version__ + _cpu_model()
+    key = hashlib.sha256(SOURCE.read_bytes() + text.encode()).hexdigest()[:16]
     root = Path(os.environ.get("CADENCE_CACHE_DIR", Path.home() / ".cache" / "cadence"))
     return root / "cpu_ops" / key
 
@@ -73,7 +81,8 @@ def usable(x: torch.Tensor) -> ModuleType | None:
     return ops()
 
 
-if __name__ == "__main__":  # `make setup`: compile now, not in the first server's start-up
+def main() -> None:
+    """`make setup`: compile now, not in the first server's start-up."""
     logging.basicConfig(level=logging.INFO)
     module = ops()
     print(f"cadence CPU kernels: {'built in ' + str(build_dir()) if module else 'not available'}")

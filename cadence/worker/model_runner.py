@@ -113,6 +113,8 @@ class ModelRunner:
         self.is_driver = tp.is_driver
         self.device = tp.device if tp.size > 1 else pick_device(config.device)
         torch.manual_seed(mc.seed)
+        if self.device.type == "cpu" and tp.size == 1 and config.parallel.cpu_threads:
+            torch.set_num_threads(config.parallel.cpu_threads)  # in-process: never pinned
         self.model_path = model_path or resolve_model_path(mc.model)
         self.hf_config = load_hf_config(self.model_path)
         self.dtype = resolve_dtype(mc.dtype, self.hf_config, self.device)
