@@ -114,14 +114,20 @@ class GgufLinearMethod(LinearMethod):
                 for p in parts
             ]
         layer.kernels = nn.ModuleList(kernels)
+        # The decode path calls this 120 times a step: keep the single kernel's forward
+        # in the instance dict, out of nn.Module's attribute lookup and call machinery
+        # (about 3 us a call: 0.4 ms of a 10 ms CPU step). No hooks are used on it.
+        layer.__dict__["gguf_forward"] = kernels[0].forward if len(kernels) == 1 else None
         layer.weight = None
         del layer.gguf_parts
 
     def apply(self, layer, x, bias):
         flat = x.dim() == 2  # the engine's case: [tokens, features], no reshapes
         x2 = x if flat else x.reshape(-1, x.shape[-1])
-        kernels = layer.kernels
-        y = kernels[0](x2) if len(kernels) == 1 else torch.cat([k(x2) for k in kernels], -1)
+        if (forward := layer.gguf_forward) is not None:
+            y = forward(x2)
+        else:
+            y = torch.cat([k(x2) for k in layer.kernels], -1)
         if bias is not None:
             y = y + bias
         return y if flat else y.reshape(*x.shape[:-1], y.shape[-1])
