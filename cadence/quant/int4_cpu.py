@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import torch
 
+from cadence.layers import cpu_ops
 from cadence.quant.gguf_blocks import Planes
 
 GROUPS = (32, 64, 128, 256)
 # From this many rows of activations a product expands the weight and runs oneDNN's GEMM.
-# Measured on a 2-core AVX-512 machine (benchmarks/int4_cpu_sweep.py, SmolLM2's shapes):
-# the packed kernel costs M times its one-row cost (0.06 ms for gate_up), the expansion
-# about 1.5 ms once; at 128 rows they tie, at 2,048 expanding is 2.2x faster and within
-# 1.15x of a plain bf16 GEMM.
+# Measured on a 2-core AVX-512 machine (benchmarks/int4_cpu_sweep.py, SmolLM2's shapes,
+# with the C++ expansion): the packed kernel costs M times its one-row cost (0.03 ms for
+# gate_up), the expansion about 0.65 ms once; they tie near 100 rows, at 128 expanding is
+# 1.1-1.2x faster, at 2,048 2.5-2.7x and within 1.2x of a plain bf16 GEMM.
 DEQUANT_ROWS = 128
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -58,9 +59,21 @@ class Int4PackCPU(torch.nn.Module):
             self.register_buffer(f"sz{i}", sz.transpose(0, 1).contiguous().to(dtype))
 
     def dequantize(self) -> torch.Tensor:
-        """The weight [N, K] in the activation dtype, from the packed bytes. Computed in
-        the packed order ([K, 64 rows] a block: no copy before the arithmetic), then one
-        transposing copy; 1.8x faster than unpacking into [N, K] first."""
+        """The weight [N, K] in the activation dtype, from the packed bytes: by the C++
+        kernel where it is built (1.5x faster on layer shapes, 10x on the embedding's),
+        else in PyTorch ops; both round alike and give the same bits (tested)."""
+        if (ops := cpu_ops.usable(self.sz0)) is not None:
+            out = torch.empty(self.out_features, self.in_features, dtype=self.sz0.dtype)
+            for i in range(self.planes):
+                packed, sz = getattr(self, f"packed{i}"), getattr(self, f"sz{i}")
+                ops.expand_int4(out, packed, sz, self.group, i > 0)
+            return out
+        return self.dequantize_torch()
+
+    def dequantize_torch(self) -> torch.Tensor:
+        """dequantize in PyTorch ops. Computed in the packed order ([K, 64 rows] a block:
+        no copy before the arithmetic), then one transposing copy; 1.8x faster than
+        unpacking into [N, K] first."""
         n, k, g = self.n_pad, self.in_features, self.group
         blocks = n // 64
         w = None

@@ -145,3 +145,16 @@ def test_cpu_kernel_expands_its_packed_bytes_exactly(n):
     codes = gguf_tensor("Q8_0", n, 128).codes()  # two planes
     kernel = Int4PackCPU(to_planes(codes), torch.float32)
     torch.testing.assert_close(kernel.dequantize(), codes.dequantize(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])  # one plane, two planes
+def test_cpu_kernel_expansion_equals_the_torch_ops_bit_for_bit(kind, dtype):
+    """The C++ expansion (cpu_ops.expand_int4) rounds where the PyTorch ops do."""
+    from cadence.layers import cpu_ops
+    from cadence.quant.gguf_blocks import to_planes
+
+    if cpu_ops.ops() is None:
+        pytest.skip("the CPU kernels did not build here (no C++ compiler)")
+    kernel = Int4PackCPU(to_planes(gguf_tensor(kind, 100, 256).codes()), dtype)
+    assert torch.equal(kernel.dequantize(), kernel.dequantize_torch())
