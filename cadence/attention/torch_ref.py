@@ -128,13 +128,15 @@ class TorchAttentionBackend(AttentionBackend):
             plan.kv_shape = (num_kv_heads, head_dim)
             self._attend_short(q, k_flat, v_flat, plan, out, scale)
         for start, qlen, slots, mask in plan.prefills:
-            qp = q[start : start + qlen].transpose(0, 1)  # [Hq, q, D]
-            kp = k_flat[slots].to(q.dtype).transpose(0, 1)  # [Hkv, L, D]
-            vp = v_flat[slots].to(q.dtype).transpose(0, 1)
+            # 4-D [1, H, L, D]: PyTorch's CPU flash kernel takes only 4-D inputs; 3-D ones
+            # fall to the unfused math path (2.4x slower at 512 tokens, 1.4x at 128).
+            qp = q[start : start + qlen].transpose(0, 1)[None]  # [1, Hq, q, D]
+            kp = k_flat[slots].to(q.dtype).transpose(0, 1)[None]  # [1, Hkv, L, D]
+            vp = v_flat[slots].to(q.dtype).transpose(0, 1)[None]
             op = F.scaled_dot_product_attention(
                 qp, kp, vp, attn_mask=mask, scale=scale, enable_gqa=True
             )
-            out[start : start + qlen] = op.transpose(0, 1)
+            out[start : start + qlen] = op[0].transpose(0, 1)
         return out
 
     def _attend_short(self, q, k_flat, v_flat, plan: _Plan, out: torch.Tensor, scale: float):

@@ -278,14 +278,16 @@ torch::Tensor silu_and_mul(torch::Tensor x) {
 // the keys block by block where they lie in the pool (no gathered copy of the context).
 // Keys are walked by block, not by position: a position -> slot division per key cost
 // more than the arithmetic.
-template <typename T>
+template <typename T, int DC>
 void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride,
                  int64_t o_tok_stride, int64_t o_head_stride, const T* kc, const T* vc,
-                 int64_t slot_stride, int64_t head_dim, const int64_t* table, int64_t block_size,
+                 int64_t slot_stride, int64_t head_dim_rt, const int64_t* table, int64_t block_size,
                  int64_t row, int64_t keys, int64_t kvh, int64_t group, float scale,
                  std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& rows,
                  std::vector<float>& acc) {
-  const int64_t D = head_dim;
+  // DC: the head dim as a compile-time constant (64, 128: loops fully unrolled and
+  // vectorized), 0 for any other (a runtime bound).
+  const int64_t D = DC > 0 ? DC : head_dim_rt;
   qf.resize(group * D);
   scores.resize(group * keys);
   rows.resize(block_size * D);
@@ -373,7 +375,10 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
         while (u >= unit_start[b + 1]) ++b;
         const int64_t local = u - unit_start[b], qi = local / Hkv, kvh = local % Hkv;
         const int64_t keys = sl[b] - ql[b] + qi + 1;
-        attend_unit<scalar_t>(op, qp, q.stride(0), q.stride(1), out.stride(0), out.stride(1), kc,
+        auto unit = D == 64 ? attend_unit<scalar_t, 64>
+                    : D == 128 ? attend_unit<scalar_t, 128>
+                               : attend_unit<scalar_t, 0>;
+        unit(op, qp, q.stride(0), q.stride(1), out.stride(0), out.stride(1), kc,
                               vc, Hkv * D, D, tp + b * max_blocks, block_size, fr[b] + qi, keys,
                               kvh, group, static_cast<float>(scale), qf, scores, kf, acc);
       }

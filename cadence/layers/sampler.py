@@ -132,6 +132,10 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
         from cadence.layers.fused import argmax_rows
 
         return argmax_rows(x)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        # CPU argmax has no vectorized 16-bit path: 1.36 ms on 16 rows of 49k bf16 logits,
+        # where max (same first-index rule for ties) takes 0.25 ms.
+        return x.max(dim=-1).indices
     return x.argmax(dim=-1)
 
 

@@ -26,6 +26,14 @@ def test_greedy_takes_argmax_per_row():
     assert Sampler()(logits, batch(2)).token_ids.tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_ties_take_the_first_index_in_every_dtype(dtype):
+    logits = torch.randn(4, 1000).to(dtype)
+    logits[2, 700] = logits[2, 30] = 50.0  # a tie: both best
+    tokens = Sampler()(logits, batch(4)).token_ids
+    assert tokens.tolist() == logits.float().argmax(-1).tolist() and tokens[2] == 30
+
+
 def test_penalties_follow_openai_and_ctrl_rules():
     logits = torch.tensor([[2.0, -1.0, 1.0, 0.5]])
     counts = torch.tensor([[2.0, 0.0, 0.0, 1.0]])  # token 0 twice, token 3 once in the output
