@@ -43,7 +43,8 @@ def main() -> None:
             reps = max(3, 2000 // m)
             packed = ms(lambda x=x, kn=kernel: torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x, kn.packed0, 32, kn.sz0), reps)  # fmt: skip
-            expand = ms(lambda x=x, kn=kernel: torch.nn.functional.linear(x, kn.dequantize()), reps)
+            # what Int4PackCPU.forward does past DEQUANT_ROWS: W^T expanded, then one GEMM
+            expand = ms(lambda x=x, kn=kernel: torch.mm(x, kn.dequantize(transposed=True)), reps)
             plain = ms(lambda x=x, w=w: torch.nn.functional.linear(x, w), reps)
             print(f"{name:8s} M={m:5d}: packed {packed:7.3f} ms  expand+gemm {expand:7.3f} ms"
                   f"  bf16 gemm {plain:7.3f} ms", flush=True)  # fmt: skip

@@ -12,7 +12,7 @@
 //   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
 //                   block_size, scale)       short queries read K/V straight from the pool
 //   bind_threads(cores)                      pin the intra-op threads, one to a core
-//   expand_int4(out, packed, sz, group, acc) torch's packed int4 weight as [rows, K]
+//   expand_int4(out, packed, sz, group, acc, transposed)  a packed int4 weight, expanded
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -388,22 +388,24 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
 
 // ---- int4 weights: expanding torch's packed layout ------------------------------------
 
-// W [rows, K] in dtype T from `_convert_weight_to_int4pack_for_cpu`'s bytes [N / 64, K, 32]
-// (per block of 64 rows and column k: low nibbles rows 0..31, high nibbles rows 32..63)
-// and scales_and_zeros [K / group, N, 2]: w = q * scale + (zero - 8 * scale), rounded
-// where PyTorch's ops (int4_cpu.Int4PackCPU.dequantize) round, so both give equal bits.
-// `accumulate`: add to `out` (a second plane), rounding the sum as PyTorch's add does.
-// Work per (block, group): the 64 x group values are computed along rows (contiguous
-// bytes and scales: vectorized), in a small tile, then written out row by row.
+// W in dtype T from `_convert_weight_to_int4pack_for_cpu`'s bytes [N / 64, K, 32] (per
+// block of 64 rows and column k: low nibbles rows 0..31, high nibbles rows 32..63) and
+// scales_and_zeros [K / group, N, 2]: w = q * scale + (zero - 8 * scale), rounded where
+// PyTorch's ops (int4_cpu.Int4PackCPU.dequantize_torch) round, so both give equal bits.
+// `transposed`: out is W^T [K, rows], which the packed order writes directly (64
+// consecutive rows of one column at a time, vectorized); else out is W [rows, K], written
+// through a small tile and a transposing copy (1.7x slower). `accumulate`: add to `out`
+// (a second plane), rounding the sum as PyTorch's add does.
 template <typename T>
 void expand_int4_impl(const uint8_t* packed, const T* sz, T* out, int64_t rows, int64_t K,
-                      int64_t n_pad, int64_t group, bool accumulate) {
+                      int64_t n_pad, int64_t group, bool accumulate, bool transposed) {
   const int64_t blocks = n_pad / 64, groups = K / group;
   at::parallel_for(0, blocks * groups, 1, [&](int64_t u0, int64_t u1) {
-    float scale[64], offset[64];
-    std::vector<float> tile(group * 64);  // [k in group][row in block]
+    float scale[64], offset[64], vals[64];
+    std::vector<float> tile(transposed ? 0 : group * 64);  // [k in group][row in block]
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t blk = u / groups, kg = u % groups;
+      const int64_t last = std::min<int64_t>(64, rows - blk * 64);
       const T* szg = sz + (kg * n_pad + blk * 64) * 2;
       for (int j = 0; j < 64; ++j) {
         scale[j] = load_f(szg, 2 * j);
@@ -411,13 +413,20 @@ void expand_int4_impl(const uint8_t* packed, const T* sz, T* out, int64_t rows, 
       }
       for (int64_t kk = 0; kk < group; ++kk) {
         const uint8_t* b = packed + (blk * K + kg * group + kk) * 32;
-        float* t = &tile[kk * 64];
+        float* t = transposed ? vals : &tile[kk * 64];
         for (int j = 0; j < 32; ++j) {
           t[j] = round_t<T>(static_cast<float>(b[j] & 15) * scale[j] + offset[j]);
           t[j + 32] = round_t<T>(static_cast<float>(b[j] >> 4) * scale[j + 32] + offset[j + 32]);
         }
+        if (transposed) {
+          T* o = out + (kg * group + kk) * rows + blk * 64;
+          if (accumulate)
+            for (int64_t j = 0; j < last; ++j) store_t(o, j, load_f(o, j) + vals[j]);
+          else
+            for (int64_t j = 0; j < last; ++j) store_t(o, j, vals[j]);
+        }
       }
-      const int64_t last = std::min<int64_t>(64, rows - blk * 64);
+      if (transposed) continue;
       for (int64_t j = 0; j < last; ++j) {
         T* o = out + (blk * 64 + j) * K + kg * group;
         if (accumulate)
@@ -429,20 +438,24 @@ void expand_int4_impl(const uint8_t* packed, const T* sz, T* out, int64_t rows, 
   });
 }
 
-// Expand into out [rows, K] (rows <= N: the padding rows are not written).
+// Expand into out: [rows, K], or [K, rows] when `transposed` (rows <= N: the padding rows
+// are not written).
 void expand_int4(torch::Tensor out, torch::Tensor packed, torch::Tensor scales_zeros,
-                 int64_t group, bool accumulate) {
+                 int64_t group, bool accumulate, bool transposed) {
   TORCH_CHECK(out.is_contiguous() && packed.is_contiguous() && scales_zeros.is_contiguous(),
               "expand_int4 takes contiguous tensors");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2, "packed must be uint8 [N, K/2]");
-  const int64_t n_pad = packed.size(0), K = packed.size(1) * 2, rows = out.size(0);
-  TORCH_CHECK(n_pad % 64 == 0 && rows <= n_pad && out.size(1) == K, "shapes disagree");
+  const int64_t n_pad = packed.size(0), K = packed.size(1) * 2;
+  const int64_t rows = transposed ? out.size(1) : out.size(0);
+  TORCH_CHECK(n_pad % 64 == 0 && rows <= n_pad && out.size(transposed ? 0 : 1) == K,
+              "shapes disagree");
   TORCH_CHECK(group > 0 && K % group == 0 && scales_zeros.numel() == (K / group) * n_pad * 2,
               "scales_and_zeros must be [K / group, N, 2]");
   TORCH_CHECK(scales_zeros.scalar_type() == out.scalar_type(), "scales dtype != out dtype");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "expand_int4", [&] {
     expand_int4_impl<scalar_t>(packed.data_ptr<uint8_t>(), scales_zeros.data_ptr<scalar_t>(),
-                               out.data_ptr<scalar_t>(), rows, K, n_pad, group, accumulate);
+                               out.data_ptr<scalar_t>(), rows, K, n_pad, group, accumulate,
+                               transposed);
   });
 }
 
@@ -476,5 +489,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");
   m.def("bind_threads", &bind_threads, "pin OpenMP thread i to cores[i]");
-  m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight into [rows, K]");
+  m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight ([rows, K] or [K, rows])");
 }

@@ -9,7 +9,8 @@ two-plane weight is two products summed.
 
 The kernel pays for unpacking in every product, which at many rows (a prefill chunk) costs
 more than the bytes it saves: past DEQUANT_ROWS rows the weight is expanded once for the
-call, from the same packed bytes, and multiplied by oneDNN's 16-bit GEMM. The packed layout,
+call, from the same packed bytes (by a C++ kernel, cadence/csrc/cpu_ops.cpp), and
+multiplied by oneDNN's 16-bit GEMM. The packed layout,
 for rows padded to a multiple of 64: per block of 64 rows, per column k, 32 bytes whose
 low nibbles are rows 0..31 and high nibbles rows 32..63 (checked in the tests against the
 packing op, so a torch release that changes it fails there, not silently).
@@ -23,12 +24,12 @@ from cadence.layers import cpu_ops
 from cadence.quant.gguf_blocks import Planes
 
 GROUPS = (32, 64, 128, 256)
-# From this many rows of activations a product expands the weight and runs oneDNN's GEMM.
-# Measured on a 2-core AVX-512 machine (benchmarks/int4_cpu_sweep.py, SmolLM2's shapes,
-# with the C++ expansion): the packed kernel costs M times its one-row cost (0.03 ms for
-# gate_up), the expansion about 0.65 ms once; they tie near 100 rows, at 128 expanding is
-# 1.1-1.2x faster, at 2,048 2.5-2.7x and within 1.2x of a plain bf16 GEMM.
-DEQUANT_ROWS = 128
+# From this many rows of activations a product expands the weight (as W^T, the packed
+# order) and runs oneDNN's GEMM. Measured on a 2-core AVX-512 machine
+# (benchmarks/int4_cpu_sweep.py, SmolLM2's shapes): the packed kernel costs M times its
+# one-row cost (0.012 ms a row for gate_up), the expansion about 0.2 ms once; at 32 rows
+# packed still wins by 7-25 %, at 64 expanding wins by 10-35 %, at 128 by 1.6-1.9x.
+DEQUANT_ROWS = 48
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
 
@@ -58,17 +59,20 @@ class Int4PackCPU(torch.nn.Module):
             self.register_buffer(f"packed{i}", packed)
             self.register_buffer(f"sz{i}", sz.transpose(0, 1).contiguous().to(dtype))
 
-    def dequantize(self) -> torch.Tensor:
-        """The weight [N, K] in the activation dtype, from the packed bytes: by the C++
-        kernel where it is built (1.5x faster on layer shapes, 10x on the embedding's),
-        else in PyTorch ops; both round alike and give the same bits (tested)."""
+    def dequantize(self, transposed: bool = False) -> torch.Tensor:
+        """The weight [N, K] in the activation dtype (with `transposed`, a [K, N] tensor
+        holding W^T), from the packed bytes: by the C++ kernel where it is built (W^T is
+        its fastest: 2.5x the PyTorch ops on layer shapes), else in PyTorch ops; both
+        round alike and give the same bits (tested)."""
         if (ops := cpu_ops.usable(self.sz0)) is not None:
-            out = torch.empty(self.out_features, self.in_features, dtype=self.sz0.dtype)
+            n, k = self.out_features, self.in_features
+            out = torch.empty((k, n) if transposed else (n, k), dtype=self.sz0.dtype)
             for i in range(self.planes):
                 packed, sz = getattr(self, f"packed{i}"), getattr(self, f"sz{i}")
-                ops.expand_int4(out, packed, sz, self.group, i > 0)
+                ops.expand_int4(out, packed, sz, self.group, i > 0, transposed)
             return out
-        return self.dequantize_torch()
+        w = self.dequantize_torch()
+        return w.t().contiguous() if transposed else w
 
     def dequantize_torch(self) -> torch.Tensor:
         """dequantize in PyTorch ops. Computed in the packed order ([K, 64 rows] a block:
@@ -88,8 +92,8 @@ class Int4PackCPU(torch.nn.Module):
         return w.reshape(blocks, k, 64).transpose(1, 2).reshape(n, k)[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= DEQUANT_ROWS:
-            return torch.nn.functional.linear(x, self.dequantize().to(x.dtype))
+        if x.shape[0] >= DEQUANT_ROWS:  # x @ W^T with W^T expanded directly
+            return torch.mm(x, self.dequantize(transposed=True).to(x.dtype))
         # The decode path: called 120 times a step for a 30-layer model, so it avoids
         # what costs microseconds (f-string buffer lookups, no-op slices and casts).
         dtype, sz0 = x.dtype, self.sz0

@@ -157,4 +157,17 @@ def test_cpu_kernel_expansion_equals_the_torch_ops_bit_for_bit(kind, dtype):
     if cpu_ops.ops() is None:
         pytest.skip("the CPU kernels did not build here (no C++ compiler)")
     kernel = Int4PackCPU(to_planes(gguf_tensor(kind, 100, 256).codes()), dtype)
-    assert torch.equal(kernel.dequantize(), kernel.dequantize_torch())
+    want = kernel.dequantize_torch()
+    assert torch.equal(kernel.dequantize(), want)
+    assert torch.equal(kernel.dequantize(transposed=True), want.t())
+
+
+def test_prefill_sized_products_equal_the_packed_kernel():
+    """Past DEQUANT_ROWS rows the product runs on the expanded weight: the same values."""
+    from cadence.quant import int4_cpu
+    from cadence.quant.gguf_blocks import to_planes
+
+    kernel = Int4PackCPU(to_planes(gguf_tensor("Q4_1", 100, 256).codes()), torch.float32)
+    x = torch.randn(int4_cpu.DEQUANT_ROWS + 3, 256)
+    want = torch.cat([kernel(x[i : i + 8]) for i in range(0, len(x), 8)])  # packed path
+    torch.testing.assert_close(kernel(x), want, rtol=1e-4, atol=1e-4)
