@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/cpu_fast_path}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the vLLM server starts from its own folder
 bin=.venv/bin/cadence
 port=8766
 vllm_dir=${VLLM_DIR:-/work/vllm-cmp}
@@ -44,7 +45,7 @@ for name in $configs; do
   esac
   t0=$(date +%s.%N)
   if [ "$name" = vllm ]; then
-    log=$PWD/$out/server_vllm.log
+    log=$out/server_vllm.log
     (cd "$vllm_dir" && exec setsid ./start_vllm.sh > "$log" 2>&1) &
   else
     env "${env[@]}" $bin serve --port $p --log-level warning "${flags[@]}" \

@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-benchmarks/results/cpu_fast_path}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the vLLM server starts from its own folder
 vllm_dir=${VLLM_DIR:-/work/vllm-cmp}
 client=("$vllm_dir/venv/bin/python" "$vllm_dir/vllm_cli.py" bench serve)
 
@@ -19,7 +20,7 @@ wait_healthy() {
 for name in cadence vllm; do
   if [ "$name" = vllm ]; then
     port=8200
-    log=$PWD/$out/server_vllm_client_run.log
+    log=$out/server_vllm_client_run.log
     (cd "$vllm_dir" && exec setsid ./start_vllm.sh > "$log" 2>&1) &
   else
     port=8766
