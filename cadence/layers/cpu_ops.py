@@ -1,4 +1,4 @@
-"""Fused CPU kernels (cadence/csrc/cpu_ops.cpp), compiled once per machine and cached.
+"""Fused CPU kernels (cadence/csrc/cpu/), compiled once per machine and cached.
 
 `make setup` builds them (`cpu_ops.main()`); a process that finds no
 build compiles them on first use (about a minute on two cores) under
@@ -27,7 +27,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent.parent / "csrc" / "cpu_ops.cpp"
+SOURCE_DIR = Path(__file__).resolve().parent.parent / "csrc" / "cpu"
+SOURCES = sorted(SOURCE_DIR.glob("*.cpp"))  # one extension: bindings.cpp + one file a job
 # -ffp-contract=off: no fused multiply-adds the unfused PyTorch ops would not do (float32
 # results stay those ops' own); -fno-math-errno: libm calls without errno vectorize.
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno"]
@@ -48,7 +49,8 @@ def build_dir() -> Path:
     """A folder per source text, flags, torch version and CPU model: an edit, a new torch
     or another machine sharing the home folder rebuilds."""
     text = " ".join(FLAGS) + torch.__version__ + _cpu_model()
-    key = hashlib.sha256(SOURCE.read_bytes() + text.encode()).hexdigest()[:16]
+    code = b"".join(f.read_bytes() for f in sorted(SOURCE_DIR.iterdir()) if f.is_file())
+    key = hashlib.sha256(code + text.encode()).hexdigest()[:16]
     root = Path(os.environ.get("CADENCE_CACHE_DIR", Path.home() / ".cache" / "cadence"))
     return root / "cpu_ops" / key
 
@@ -65,7 +67,7 @@ def ops() -> ModuleType | None:
         path.mkdir(parents=True, exist_ok=True)
         return load(
             name="cadence_cpu_ops",
-            sources=[str(SOURCE)],
+            sources=[str(f) for f in SOURCES],
             extra_cflags=FLAGS,
             extra_ldflags=["-fopenmp"],
             build_directory=str(path),

@@ -9,7 +9,7 @@ two-plane weight is two products summed.
 
 The kernel pays for unpacking in every product, which at many rows (a prefill chunk) costs
 more than the bytes it saves: past DEQUANT_ROWS rows the weight is expanded once for the
-call, from the same packed bytes (by a C++ kernel, cadence/csrc/cpu_ops.cpp), and
+call, from the same packed bytes (by a C++ kernel, cadence/csrc/cpu/int4.cpp), and
 multiplied by oneDNN's 16-bit GEMM. The packed layout,
 for rows padded to a multiple of 64: per block of 64 rows, per column k, 32 bytes whose
 low nibbles are rows 0..31 and high nibbles rows 32..63 (checked in the tests against the

@@ -1,0 +1,48 @@
+// Fused CPU kernels for the decode step: the Python module's bindings
+// (cadence/layers/cpu_ops.py builds and loads them; one file per job beside this one).
+//
+// A CPU decode step at small batch is not bound by its matmuls alone: each decoder layer
+// also ran ~50 small PyTorch ops (RMSNorm as pow/mean/rsqrt/mul/cast, rotary as
+// cat/neg/mul/add for q and k, SiLU and the gate multiply, and a token-by-token gather of
+// every decoding request's K/V for SDPA), each a few microseconds of dispatch. Each
+// function here does one of those chains in one call:
+//
+//   add_rms_norm(x, residual?, weight, eps) -> (out, x + residual)
+//   rotary_(q, k, cos, sin)                  rotate q and k in place (rotate-half layout)
+//   silu_and_mul(x) -> out                   silu(x[:, :d]) * x[:, d:]
+//   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
+//                   block_size, scale)       short queries read K/V straight from the pool
+//   bind_threads(cores)                      pin the intra-op threads, one to a core
+//   expand_int4(out, packed, sz, group, acc, transposed)  a packed int4 weight, expanded
+//
+// Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
+// activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
+// outputs equal the unfused layers' up to the order of float32 sums.
+
+#include <torch/extension.h>
+
+namespace cadence_cpu {
+std::vector<at::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
+                                        torch::Tensor weight, double eps);
+void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor silu_and_mul(torch::Tensor x);
+void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
+                     torch::Tensor v_cache, torch::Tensor block_tables, torch::Tensor first_row,
+                     torch::Tensor query_lens, torch::Tensor seq_lens, int64_t block_size,
+                     double scale);
+void expand_int4(torch::Tensor out, torch::Tensor packed, torch::Tensor scales_zeros,
+                 int64_t group, bool accumulate, bool transposed);
+void bind_threads(std::vector<int64_t> cores);
+}  // namespace cadence_cpu
+
+using namespace cadence_cpu;
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("add_rms_norm", &add_rms_norm, "(norm(x + residual), x + residual)");
+  m.def("rotary_", &rotary_, "rotate q and k in place");
+  m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
+  m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");
+  m.def("bind_threads", &bind_threads, "pin OpenMP thread i to cores[i]");
+  m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight ([rows, K] or [K, rows])");
+}
+

@@ -1,0 +1,123 @@
+// Attention of short queries (decodes, speculative verifies) straight from the paged KV
+// pool: no gathered copy of the context.
+
+#include "common.h"
+
+namespace cadence_cpu {
+
+// ---- paged attention for short queries ------------------------------------------------
+
+// One unit of work: query token `qi` of request `b`, the `group` query heads that share KV
+// head `kvh`. Scores for every key it sees, softmax, then the weighted sum of V, reading
+// the keys block by block where they lie in the pool (no gathered copy of the context).
+// Keys are walked by block, not by position: a position -> slot division per key cost
+// more than the arithmetic.
+template <typename T, int DC>
+void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride,
+                 int64_t o_tok_stride, int64_t o_head_stride, const T* kc, const T* vc,
+                 int64_t slot_stride, int64_t head_dim_rt, const int64_t* table, int64_t block_size,
+                 int64_t row, int64_t keys, int64_t kvh, int64_t group, float scale,
+                 std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& rows,
+                 std::vector<float>& acc) {
+  // DC: the head dim as a compile-time constant (64, 128: loops fully unrolled and
+  // vectorized), 0 for any other (a runtime bound).
+  const int64_t D = DC > 0 ? DC : head_dim_rt;
+  qf.resize(group * D);
+  scores.resize(group * keys);
+  rows.resize(block_size * D);
+  acc.assign(group * D, 0.0f);
+  for (int64_t g = 0; g < group; ++g)
+    widen(q + row * q_tok_stride + (kvh * group + g) * q_head_stride, &qf[g * D], D);
+  const int64_t blocks = (keys + block_size - 1) / block_size;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * block_size, n = std::min(block_size, keys - first);
+    const T* base = kc + table[blk] * block_size * slot_stride + kvh * D;
+    for (int64_t j = 0; j < n; ++j) widen(base + j * slot_stride, &rows[j * D], D);
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t j = 0; j < n; ++j)
+        scores[g * keys + first + j] = dot(&qf[g * D], &rows[j * D], D) * scale;
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* s = &scores[g * keys];
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < keys; ++p) m = std::max(m, s[p]);
+    float sum = 0.0f;
+    for (int64_t p = 0; p < keys; ++p) s[p] = exp_approx(s[p] - m);
+    for (int64_t p = 0; p < keys; ++p) sum += s[p];
+    const float inv = 1.0f / sum;
+    for (int64_t p = 0; p < keys; ++p) s[p] *= inv;
+  }
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t first = blk * block_size, n = std::min(block_size, keys - first);
+    const T* base = vc + table[blk] * block_size * slot_stride + kvh * D;
+    for (int64_t j = 0; j < n; ++j) widen(base + j * slot_stride, &rows[j * D], D);
+    for (int64_t g = 0; g < group; ++g) {
+      float* a = &acc[g * D];
+      for (int64_t j = 0; j < n; ++j) {
+        const float w = scores[g * keys + first + j];
+        const float* v = &rows[j * D];
+        for (int64_t d = 0; d < D; ++d) a[d] += w * v[d];
+      }
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    T* o = out + row * o_tok_stride + (kvh * group + g) * o_head_stride;
+    for (int64_t d = 0; d < D; ++d) store_t(o, d, acc[g * D + d]);
+  }
+}
+
+// out/q: [T, Hq, D]; k_cache/v_cache: [slots, Hkv, D]; block_tables: [B, max_blocks] int64;
+// first_row/query_lens/seq_lens: [B] int64 (the request's first row in q, its query
+// tokens, and its keys including them). Query token i of a request sits at position
+// seq_len - query_len + i and sees keys 0..that position.
+void paged_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
+                     at::Tensor v_cache, at::Tensor block_tables, at::Tensor first_row,
+                     at::Tensor query_lens, at::Tensor seq_lens, int64_t block_size,
+                     double scale) {
+  check_rows(q, "q");
+  check_rows(out, "out");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "cache dtype != q dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && first_row.scalar_type() == at::kLong &&
+                  query_lens.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
+              "index tensors must be int64");
+  auto tables = block_tables.contiguous();
+  const int64_t B = first_row.size(0), Hq = q.size(1), D = q.size(2);
+  const int64_t Hkv = k_cache.size(1), group = Hq / Hkv, max_blocks = tables.size(1);
+  TORCH_CHECK(Hq % Hkv == 0 && k_cache.size(2) == D, "head counts / dims disagree");
+  const int64_t* fr = first_row.data_ptr<int64_t>();
+  const int64_t* ql = query_lens.data_ptr<int64_t>();
+  const int64_t* sl = seq_lens.data_ptr<int64_t>();
+  // Units: (request, query token, KV head), flattened through a prefix sum over queries.
+  std::vector<int64_t> unit_start(B + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(ql[b] >= 1 && ql[b] <= sl[b], "query_len must be in 1..seq_len");
+    TORCH_CHECK((sl[b] + block_size - 1) / block_size <= max_blocks, "block table too short");
+    unit_start[b + 1] = unit_start[b] + ql[b] * Hkv;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_attention", [&] {
+    const scalar_t* qp = q.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const scalar_t* kc = k_cache.data_ptr<scalar_t>();
+    const scalar_t* vc = v_cache.data_ptr<scalar_t>();
+    const int64_t* tp = tables.data_ptr<int64_t>();
+    at::parallel_for(0, unit_start[B], 1, [&](int64_t u0, int64_t u1) {
+      std::vector<float> qf, scores, kf, acc;
+      int64_t b = std::upper_bound(unit_start.begin(), unit_start.end(), u0) - unit_start.begin() - 1;
+      for (int64_t u = u0; u < u1; ++u) {
+        while (u >= unit_start[b + 1]) ++b;
+        const int64_t local = u - unit_start[b], qi = local / Hkv, kvh = local % Hkv;
+        const int64_t keys = sl[b] - ql[b] + qi + 1;
+        auto unit = D == 64 ? attend_unit<scalar_t, 64>
+                    : D == 128 ? attend_unit<scalar_t, 128>
+                               : attend_unit<scalar_t, 0>;
+        unit(op, qp, q.stride(0), q.stride(1), out.stride(0), out.stride(1), kc,
+                              vc, Hkv * D, D, tp + b * max_blocks, block_size, fr[b] + qi, keys,
+                              kvh, group, static_cast<float>(scale), qf, scores, kf, acc);
+      }
+    });
+  });
+}
+
+}  // namespace cadence_cpu
