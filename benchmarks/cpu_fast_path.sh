@@ -25,10 +25,7 @@ port=8766
 vllm_dir=${VLLM_DIR:-/work/vllm-cmp}
 configs=${CONFIGS:-"cadence cadence-bf16 nobind budget2048 before vllm"}
 
-wait_healthy() {
-  for _ in $(seq 600); do curl -sf "localhost:$1/health" >/dev/null && return; sleep 1; done
-  echo "server on $1 did not start" >&2; return 1
-}
+source benchmarks/serve_lib.sh  # wait_healthy
 
 for name in $configs; do
   p=$port env=() flags=()

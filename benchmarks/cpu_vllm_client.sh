@@ -12,10 +12,7 @@ out=$(cd "$out" && pwd)  # absolute: the vLLM server starts from its own folder
 vllm_dir=${VLLM_DIR:-/work/vllm-cmp}
 client=("$vllm_dir/venv/bin/python" "$vllm_dir/vllm_cli.py" bench serve)
 
-wait_healthy() {
-  for _ in $(seq 600); do curl -sf "localhost:$1/health" >/dev/null && return; sleep 1; done
-  echo "server on $1 did not start" >&2; return 1
-}
+source benchmarks/serve_lib.sh  # wait_healthy
 
 for name in cadence vllm; do
   if [ "$name" = vllm ]; then

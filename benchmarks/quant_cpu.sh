@@ -13,12 +13,13 @@ out=${1:-benchmarks/results}
 mkdir -p "$out"
 port=8766
 bin=.venv/bin/cadence
+source benchmarks/serve_lib.sh  # wait_healthy
 for cfg in "gguf:--quantization gguf" "bf16:--quantization none --dtype bfloat16"; do
   name=${cfg%%:*}; flags=${cfg#*:}
   # shellcheck disable=SC2086
   $bin serve --port $port --log-level warning --kv-cache-memory 512MiB $flags &
   server=$!
-  for _ in $(seq 300); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
+  wait_healthy $port
   $bin bench serve --port $port --sweep 1,4,16 --num-prompts 32 --random-input-len 128 \
     --random-output-len 128 --ignore-eos --server-pid $server --rss-interval 2 \
     --save-json "$out/quant_cpu_$name.json" 2>&1 | grep -v " INFO " | tee "$out/quant_cpu_$name.log"

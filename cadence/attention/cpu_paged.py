@@ -35,12 +35,14 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         )
         plan.short_source = (short, tables, bs, device)  # for the fallback's padded plan
 
-    def _attend_short(self, q, k_flat, v_flat, plan: _Plan, out: torch.Tensor, scale: float):
+    def _attend_short(
+        self, q, k_flat, v_flat, plan: _Plan, out: torch.Tensor, scale: float, num_kv_heads: int
+    ) -> None:
         ops = cpu_ops.usable(q)
         if ops is None or not isinstance(k_flat, torch.Tensor) or k_flat.dtype != q.dtype:
             if plan.short_mask is None:
                 super()._plan_short(plan, *plan.short_source)
-            super()._attend_short(q, k_flat, v_flat, plan, out, scale)
+            super()._attend_short(q, k_flat, v_flat, plan, out, scale, num_kv_heads)
             return
         tables, first, qlens, slens, bs = plan.paged
         ops.paged_attention(out, q, k_flat, v_flat, tables, first, qlens, slens, bs, scale)

@@ -40,7 +40,6 @@ class _Plan:
     short_mask: torch.Tensor | None  # [B, 1, Q, Lmax] True where the query sees the key
     # prefill chunks: (query start, query len, slots of keys [L], causal mask [q, L])
     prefills: list[tuple[int, int, torch.Tensor, torch.Tensor]]
-    kv_shape: tuple[int, int] = (0, 0)  # (KV heads, head dim) of the layer being run
     # The CPU backend's short queries: (block tables [B, W], first rows, query lens, keys,
     # block size), all int64 on the CPU, and what the torch path's padded plan is built from.
     paged: tuple | None = None
@@ -125,8 +124,7 @@ class TorchAttentionBackend(AttentionBackend):
         plan: _Plan = meta.backend_data
         out = torch.empty_like(q)
         if plan.short_rows is not None:
-            plan.kv_shape = (num_kv_heads, head_dim)
-            self._attend_short(q, k_flat, v_flat, plan, out, scale)
+            self._attend_short(q, k_flat, v_flat, plan, out, scale, num_kv_heads)
         for start, qlen, slots, mask in plan.prefills:
             # 4-D [1, H, L, D]: PyTorch's CPU flash kernel takes only 4-D inputs; 3-D ones
             # fall to the unfused math path (2.4x slower at 512 tokens, 1.4x at 128).
@@ -139,10 +137,12 @@ class TorchAttentionBackend(AttentionBackend):
             out[start : start + qlen] = op[0].transpose(0, 1)
         return out
 
-    def _attend_short(self, q, k_flat, v_flat, plan: _Plan, out: torch.Tensor, scale: float):
+    def _attend_short(
+        self, q, k_flat, v_flat, plan: _Plan, out: torch.Tensor, scale: float, num_kv_heads: int
+    ) -> None:
         """Attention of the short queries into their rows of `out` (K/V gathered by slot
         into a padded batch, one SDPA call)."""
-        num_kv_heads, head_dim = plan.kv_shape
+        head_dim = q.shape[-1]
         # GQA as a longer query: the G query heads that share a KV head become G query
         # rows of that head (per query token), so SDPA runs B * Hkv small problems
         # instead of B * Hq (about 3x faster on CPUs than enable_gqa, no K/V repeat).

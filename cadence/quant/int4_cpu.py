@@ -60,19 +60,20 @@ class Int4PackCPU(torch.nn.Module):
             self.register_buffer(f"sz{i}", sz.transpose(0, 1).contiguous().to(dtype))
 
     def dequantize(self, transposed: bool = False) -> torch.Tensor:
-        """The weight [N, K] in the activation dtype (with `transposed`, a [K, N] tensor
-        holding W^T), from the packed bytes: by the C++ kernel where it is built (W^T is
-        its fastest: 2.5x the PyTorch ops on layer shapes), else in PyTorch ops; both
+        """The weight [N, K] in the activation dtype (with `transposed`, W^T [K, N]
+        contiguous: what the GEMM past DEQUANT_ROWS reads), from the packed bytes: by the
+        C++ kernel where it is built (2.5x the PyTorch ops on layer shapes; it writes
+        W^T, the packed order, and W is its transposed view), else in PyTorch ops. Both
         round alike and give the same bits (tested)."""
-        if (ops := cpu_ops.usable(self.sz0)) is not None:
-            n, k = self.out_features, self.in_features
-            out = torch.empty((k, n) if transposed else (n, k), dtype=self.sz0.dtype)
-            for i in range(self.planes):
-                packed, sz = getattr(self, f"packed{i}"), getattr(self, f"sz{i}")
-                ops.expand_int4(out, packed, sz, self.group, i > 0, transposed)
-            return out
-        w = self.dequantize_torch()
-        return w.t().contiguous() if transposed else w
+        if (ops := cpu_ops.usable(self.sz0)) is None:
+            w = self.dequantize_torch()
+            return w.t().contiguous() if transposed else w
+        w_t = torch.empty(self.in_features, self.out_features, dtype=self.sz0.dtype)
+        for i in range(self.planes):
+            ops.expand_int4(
+                w_t, getattr(self, f"packed{i}"), getattr(self, f"sz{i}"), self.group, i > 0
+            )
+        return w_t if transposed else w_t.t()
 
     def dequantize_torch(self) -> torch.Tensor:
         """dequantize in PyTorch ops. Computed in the packed order ([K, 64 rows] a block:

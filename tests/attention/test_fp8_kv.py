@@ -8,12 +8,11 @@ test_triton_paged.py); the torch backend runs here. GPU: both, compiled."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from interpreter_child import interpreter_report as run_interpreter_child
 from test_triton_paged import Case, _make_batch, needs_triton
 
 F8 = torch.float8_e4m3fn
@@ -99,19 +98,7 @@ if __name__ == "__main__" and sys.argv[1:] == ["--interpreter-cases"]:
 
 @pytest.fixture(scope="module")
 def interpreter_report() -> dict:
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--interpreter-cases"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreter_child(__file__)
 
 
 @needs_triton

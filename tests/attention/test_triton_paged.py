@@ -18,12 +18,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
 
 import pytest
 import torch
+from interpreter_child import interpreter_report as run_interpreter_child
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -277,17 +277,7 @@ def _check(case: Case, result: dict) -> None:
 
 @pytest.fixture(scope="module")
 def interpreter_report() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--interpreter-cases"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreter_child(__file__)
 
 
 @needs_triton

@@ -10,11 +10,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from interpreter_child import interpreter_report as run_interpreter_child
 
 needs_triton = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton is not installed"
@@ -97,19 +97,7 @@ if __name__ == "__main__" and "--interpreter-cases" in sys.argv:
 
 @pytest.fixture(scope="module")
 def interpreter_report() -> dict:
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--interpreter-cases"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if proc.returncode != 0:
-        pytest.fail(f"interpreter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreter_child(__file__)
 
 
 def _check_planes(errors: dict[str, float]) -> None:

@@ -13,7 +13,7 @@
 //   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
 //                   block_size, scale)       short queries read K/V straight from the pool
 //   bind_threads(cores)                      pin the intra-op threads, one to a core
-//   expand_int4(out, packed, sz, group, acc, transposed)  a packed int4 weight, expanded
+//   expand_int4(out, packed, sz, group, acc) a packed int4 weight, expanded as W^T [K, N]
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -31,7 +31,7 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                      torch::Tensor query_lens, torch::Tensor seq_lens, int64_t block_size,
                      double scale);
 void expand_int4(torch::Tensor out, torch::Tensor packed, torch::Tensor scales_zeros,
-                 int64_t group, bool accumulate, bool transposed);
+                 int64_t group, bool accumulate);
 void bind_threads(std::vector<int64_t> cores);
 }  // namespace cadence_cpu
 
@@ -43,6 +43,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");
   m.def("bind_threads", &bind_threads, "pin OpenMP thread i to cores[i]");
-  m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight ([rows, K] or [K, rows])");
+  m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight as W^T [K, rows]");
 }
 

@@ -4,23 +4,19 @@
 
 namespace cadence_cpu {
 
-// ---- int4 weights: expanding torch's packed layout ------------------------------------
-
-// W in dtype T from `_convert_weight_to_int4pack_for_cpu`'s bytes [N / 64, K, 32] (per
-// block of 64 rows and column k: low nibbles rows 0..31, high nibbles rows 32..63) and
-// scales_and_zeros [K / group, N, 2]: w = q * scale + (zero - 8 * scale), rounded where
-// PyTorch's ops (int4_cpu.Int4PackCPU.dequantize_torch) round, so both give equal bits.
-// `transposed`: out is W^T [K, rows], which the packed order writes directly (64
-// consecutive rows of one column at a time, vectorized); else out is W [rows, K], written
-// through a small tile and a transposing copy (1.7x slower). `accumulate`: add to `out`
-// (a second plane), rounding the sum as PyTorch's add does.
+// W^T [K, rows] in dtype T from `_convert_weight_to_int4pack_for_cpu`'s bytes [N / 64, K,
+// 32] (per block of 64 rows and column k: low nibbles rows 0..31, high nibbles rows
+// 32..63) and scales_and_zeros [K / group, N, 2]: w = q * scale + (zero - 8 * scale),
+// rounded where PyTorch's ops (int4_cpu.Int4PackCPU.dequantize_torch) round, so both give
+// equal bits. W^T is the packed order: each column's 64 consecutive rows are computed and
+// written as vectors (writing W [rows, K] instead needs a transposing copy: 2x slower).
+// `accumulate`: add to `out` (a second plane), rounding the sum as PyTorch's add does.
 template <typename T>
 void expand_int4_impl(const uint8_t* packed, const T* sz, T* out, int64_t rows, int64_t K,
-                      int64_t n_pad, int64_t group, bool accumulate, bool transposed) {
+                      int64_t n_pad, int64_t group, bool accumulate) {
   const int64_t blocks = n_pad / 64, groups = K / group;
   at::parallel_for(0, blocks * groups, 1, [&](int64_t u0, int64_t u1) {
     float scale[64], offset[64], vals[64];
-    std::vector<float> tile(transposed ? 0 : group * 64);  // [k in group][row in block]
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t blk = u / groups, kg = u % groups;
       const int64_t last = std::min<int64_t>(64, rows - blk * 64);
@@ -31,49 +27,35 @@ void expand_int4_impl(const uint8_t* packed, const T* sz, T* out, int64_t rows, 
       }
       for (int64_t kk = 0; kk < group; ++kk) {
         const uint8_t* b = packed + (blk * K + kg * group + kk) * 32;
-        float* t = transposed ? vals : &tile[kk * 64];
         for (int j = 0; j < 32; ++j) {
-          t[j] = round_t<T>(static_cast<float>(b[j] & 15) * scale[j] + offset[j]);
-          t[j + 32] = round_t<T>(static_cast<float>(b[j] >> 4) * scale[j + 32] + offset[j + 32]);
+          vals[j] = round_t<T>(static_cast<float>(b[j] & 15) * scale[j] + offset[j]);
+          vals[j + 32] =
+              round_t<T>(static_cast<float>(b[j] >> 4) * scale[j + 32] + offset[j + 32]);
         }
-        if (transposed) {
-          T* o = out + (kg * group + kk) * rows + blk * 64;
-          if (accumulate)
-            for (int64_t j = 0; j < last; ++j) store_t(o, j, load_f(o, j) + vals[j]);
-          else
-            for (int64_t j = 0; j < last; ++j) store_t(o, j, vals[j]);
-        }
-      }
-      if (transposed) continue;
-      for (int64_t j = 0; j < last; ++j) {
-        T* o = out + (blk * 64 + j) * K + kg * group;
+        T* o = out + (kg * group + kk) * rows + blk * 64;
         if (accumulate)
-          for (int64_t kk = 0; kk < group; ++kk) store_t(o, kk, load_f(o, kk) + tile[kk * 64 + j]);
+          for (int64_t j = 0; j < last; ++j) store_t(o, j, load_f(o, j) + vals[j]);
         else
-          for (int64_t kk = 0; kk < group; ++kk) store_t(o, kk, tile[kk * 64 + j]);
+          for (int64_t j = 0; j < last; ++j) store_t(o, j, vals[j]);
       }
     }
   });
 }
 
-// Expand into out: [rows, K], or [K, rows] when `transposed` (rows <= N: the padding rows
-// are not written).
-void expand_int4(at::Tensor out, at::Tensor packed, at::Tensor scales_zeros,
-                 int64_t group, bool accumulate, bool transposed) {
+// Expand into out = W^T [K, rows] (rows <= N: the padding rows are not written).
+void expand_int4(at::Tensor out, at::Tensor packed, at::Tensor scales_zeros, int64_t group,
+                 bool accumulate) {
   TORCH_CHECK(out.is_contiguous() && packed.is_contiguous() && scales_zeros.is_contiguous(),
               "expand_int4 takes contiguous tensors");
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2, "packed must be uint8 [N, K/2]");
-  const int64_t n_pad = packed.size(0), K = packed.size(1) * 2;
-  const int64_t rows = transposed ? out.size(1) : out.size(0);
-  TORCH_CHECK(n_pad % 64 == 0 && rows <= n_pad && out.size(transposed ? 0 : 1) == K,
-              "shapes disagree");
+  const int64_t n_pad = packed.size(0), K = packed.size(1) * 2, rows = out.size(1);
+  TORCH_CHECK(n_pad % 64 == 0 && rows <= n_pad && out.size(0) == K, "shapes disagree");
   TORCH_CHECK(group > 0 && K % group == 0 && scales_zeros.numel() == (K / group) * n_pad * 2,
               "scales_and_zeros must be [K / group, N, 2]");
   TORCH_CHECK(scales_zeros.scalar_type() == out.scalar_type(), "scales dtype != out dtype");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "expand_int4", [&] {
     expand_int4_impl<scalar_t>(packed.data_ptr<uint8_t>(), scales_zeros.data_ptr<scalar_t>(),
-                               out.data_ptr<scalar_t>(), rows, K, n_pad, group, accumulate,
-                               transposed);
+                               out.data_ptr<scalar_t>(), rows, K, n_pad, group, accumulate);
   });
 }
 
