@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: setup serve test lint format clean
+.PHONY: setup serve test lint format clean browser
 
 setup: $(VENV)/.installed
 
@@ -24,8 +24,17 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+test: lint browser
 	$(PY) -m pytest -q $(ARGS)
+
+# Debian's Chromium, for the web UI's browser test (driven by Playwright, no download).
+browser:
+	@command -v chromium >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$SUDO apt-get install -y -q chromium >/dev/null || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q chromium >/dev/null; } || \
+	  echo "could not install chromium: the web UI test skips (and fails under CI=true)"; }
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

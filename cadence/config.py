@@ -177,6 +177,8 @@ class EngineConfig:
     # steps (benchmarks/RESULTS.md, issue 13): off by default.
     cuda_graph_prefill: bool = False  # CUDA graphs of prefill/mixed steps up to 512 tokens
     check_kv_integrity: bool = False  # after every step (tests)
+    step_timeline_size: int = 1024  # steps whose phase times the engine keeps (0: none)
+    profile_dir: str | None = None  # where POST /start_profile writes torch.profiler traces
 
     def validate(self) -> None:
         c, s = self.cache, self.scheduler
@@ -188,6 +190,8 @@ class EngineConfig:
             )
         if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
+        if self.step_timeline_size < 0:
+            raise ValueError(f"step_timeline_size must be >= 0, got {self.step_timeline_size}")
         if s.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be positive, got {s.max_num_seqs}")
         if c.num_gpu_blocks_override is not None and c.num_gpu_blocks_override < 1:

@@ -259,3 +259,14 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def samples(self) -> dict[str, float]:
+        """Every sample /metrics would render, summed over model names: name -> value, with
+        a label other than model_name kept in the key (`name{label="value"}`)."""
+        out: dict[str, float] = {}
+        for family in self.registry.collect():
+            for s in family.samples:
+                extra = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "model_name")
+                key = f"{s.name}{{{extra}}}" if extra else s.name
+                out[key] = out.get(key, 0.0) + s.value
+        return out

@@ -51,10 +51,18 @@ def hf_model():
 
 
 @pytest.fixture(scope="session")
-def server():
+def profile_dir(tmp_path_factory):
+    """Where the shared server writes torch.profiler traces (POST /start_profile)."""
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.fixture(scope="session")
+def server(profile_dir):
     """SmolLM2 in float32, with an API key, 8 sequences at once and 8 more queued."""
     srv = Server(
         [
+            "--profile-dir",
+            str(profile_dir),
             "--dtype",
             "float32",
             "--api-key",

@@ -146,6 +146,7 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[bytes, KVBlock] = {}
         self._num_hash_evictions = 0
+        self._num_cached_free = 0  # hash mode: blocks in the free queue that keep a hash
         self.tree: RadixTree | None = None
         if enable_caching and radix:
             self.tree = RadixTree(block_size, self.free_queue.append)
@@ -154,6 +155,11 @@ class BlockPool:
     def num_free_blocks(self) -> int:
         evictable = self.tree.num_evictable if self.tree is not None else 0
         return self.free_queue.num_free + evictable
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a cached prefix (reusable on a hit, evictable)."""
+        return self.tree.num_evictable if self.tree is not None else self._num_cached_free
 
     @property
     def num_evictions(self) -> int:
@@ -184,6 +190,7 @@ class BlockPool:
                 del self.cached[block.block_hash]
             block.block_hash = None
             self._num_hash_evictions += 1
+            self._num_cached_free -= 1
 
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)
@@ -196,6 +203,7 @@ class BlockPool:
                     self.tree.num_evictable -= 1  # in the tree, not the queue
                 else:
                     self.free_queue.remove(block)
+                    self._num_cached_free -= block.block_hash is not None
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
@@ -208,6 +216,7 @@ class BlockPool:
                     self.tree.num_evictable += 1  # stays in the tree until evicted
                 else:
                     self.free_queue.append(block)
+                    self._num_cached_free += block.block_hash is not None
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
         if block.block_hash is not None:
@@ -226,6 +235,7 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        self._num_cached_free = 0
         return True
 
     def check_integrity(self, held: dict[str, list[KVBlock]]) -> None:
@@ -236,6 +246,9 @@ class BlockPool:
             assert b.block_id not in in_queue, f"{b} is in the free queue twice"
             in_queue.add(b.block_id)
         assert len(in_queue) == self.free_queue.num_free
+        if self.tree is None:
+            hashed = sum(self.blocks[i].block_hash is not None for i in in_queue)
+            assert hashed == self._num_cached_free, (hashed, self._num_cached_free)
         if self.tree is not None:
             self.tree.check_integrity()
         refs = [0] * self.num_blocks
@@ -290,6 +303,10 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        return self.pool.num_cached_free_blocks
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of a request: (blocks, number of tokens they hold).

@@ -141,6 +141,9 @@ class Scheduler:
                 continue
             new_blocks[req.request_id] = [b.block_id for b in blocks]
             out.num_scheduled_tokens[req.request_id] = num_new
+            if req.num_computed_tokens >= req.num_prompt_tokens:  # decoding (the timeline)
+                out.num_decode_seqs += 1
+                out.num_decode_tokens += num_new
             if drafts:
                 out.spec_token_ids[req.request_id] = drafts
             budget -= num_new
@@ -379,9 +382,14 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
 
     def stats(self) -> SchedulerStats:
+        preempted = 0
+        if self.num_preemptions:  # (a walk of the waiting queue only once any happened)
+            preempted = sum(r.status == RequestStatus.PREEMPTED for r in self.waiting)
         return SchedulerStats(
             num_running=len(self.running),
             num_waiting=len(self.waiting),
+            num_preempted=preempted,
+            kv_blocks_cached=self.kv.num_cached_free_blocks,
             kv_usage=self.kv.usage,
             num_preemptions=self.num_preemptions,
             prefix_queries=self.kv.stats.queries,

@@ -50,6 +50,10 @@ class SchedulerOutput:
     # in num_scheduled_tokens; requests without drafts are absent
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     total_num_scheduled_tokens: int = 0
+    # Of those, sequences past their prompt (a token each, plus drafts) and their tokens:
+    # the rest are prompt tokens (prefill chunks, recomputation after preemption).
+    num_decode_seqs: int = 0
+    num_decode_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # since the last step
     # The Request each scheduled id named. With async scheduling a request can finish while
@@ -110,8 +114,10 @@ class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
 @dataclass
 class SchedulerStats:
     num_running: int = 0
-    num_waiting: int = 0
+    num_waiting: int = 0  # of which preempted, waiting to be recomputed:
+    num_preempted: int = 0
     kv_usage: float = 0.0
+    kv_blocks_cached: int = 0  # free blocks that still hold a cached prefix
     num_preemptions: int = 0  # since start
     prefix_queries: int = 0  # tokens, since start
     prefix_hits: int = 0

@@ -67,6 +67,10 @@ class EngineStepError(RuntimeError):
     serves the others."""
 
 
+class EngineCallError(RuntimeError):
+    """The core could not answer a call (its reason is the message)."""
+
+
 class _Stream:
     """Wakes one request's handler when its state changed or an error arrived."""
 
@@ -104,6 +108,8 @@ class AsyncEngineClient:
         self._tasks: list[asyncio.Task] = []
         self._proc: mp.process.BaseProcess | None = None
         self._trimmer = Trimmer()  # this process's free heap back to the OS after bursts
+        self._calls: dict[int, asyncio.Future] = {}  # call id -> its reply, to come
+        self._next_call_id = 0
 
     # ---- life cycle -------------------------------------------------------------------
 
@@ -241,6 +247,24 @@ class AsyncEngineClient:
                 stream.event.set()
             await self._abort_in_core(sample_ids)
 
+    async def call(self, method: str, timeout: float = 10.0, **args) -> object:
+        """Ask the core a question (cadence.engine.introspect) and wait for its answer,
+        given between two steps. Raises EngineCallError with the core's reason, or
+        EngineDeadError / TimeoutError."""
+        if not self.healthy:
+            raise EngineDeadError(self.dead_reason or "the engine is not running")
+        self._next_call_id += 1
+        call_id = self._next_call_id
+        reply = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = reply
+        try:
+            await self._send_to_core(
+                [P.CALL, P.encoder.encode(P.EngineCall(call_id, method, args))]
+            )
+            return await asyncio.wait_for(reply, timeout)
+        finally:
+            self._calls.pop(call_id, None)
+
     async def _abort_in_core(self, sample_ids: list[str]) -> None:
         if sample_ids and self.healthy:
             with contextlib.suppress(zmq.ZMQError, EngineDeadError):
@@ -279,7 +303,15 @@ class AsyncEngineClient:
             stream.error = error
             stream.event.set()
 
-    def _handle(self, msg: P.EngineCoreOutputs) -> None:
+    def _handle(self, msg: P.EngineCoreOutputs | P.EngineCallReply) -> None:
+        if isinstance(msg, P.EngineCallReply):
+            reply = self._calls.get(msg.call_id)
+            if reply is not None and not reply.done():
+                if msg.error is not None:
+                    reply.set_exception(EngineCallError(msg.error))
+                else:
+                    reply.set_result(msg.result)
+            return
         self._trimmer.worked()
         if msg.stats is not None:
             self.stats = msg.stats
@@ -337,4 +369,7 @@ class AsyncEngineClient:
         for stream in set(self.streams.values()):
             stream.error = EngineDeadError(reason)
             stream.event.set()
+        for reply in self._calls.values():
+            if not reply.done():
+                reply.set_exception(EngineDeadError(reason))
         self.dead_event.set()

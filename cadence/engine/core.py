@@ -25,6 +25,7 @@ from cadence.core.kv_cache import KVCacheManager, make_block_hasher
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
+from cadence.engine import step_timeline as tl
 from cadence.executor import make_executor
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager
@@ -96,6 +97,7 @@ class EngineCore:
         # raises, their requests are the failed step's (fail_step).
         self._touched: list = []
         self._stale_in_runner: list[str] = []  # rows the runner drops next step (fail_step)
+        self.timeline = tl.StepTimeline(config.step_timeline_size)
         cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
         if config.speculative is not None:
             logger.info("speculative decoding: %s", config.speculative.describe())
@@ -229,6 +231,8 @@ class EngineCore:
         return sorted(victims)
 
     def _step(self) -> list[RequestUpdate]:
+        timeline = self.timeline
+        timeline.begin()
         if self.config.scheduler.async_scheduling:
             # Jump-forward needs each step's tokens before the next is scheduled: while
             # constrained requests want it, steps run synchronously (after reading back
@@ -240,15 +244,21 @@ class EngineCore:
         sched = self._schedule()
         if sched.is_empty and not sched.finished_ids:
             return []
+        timeline.lap(tl.SCHEDULE)
         model_out = self.runner.execute_model(sched)
+        timeline.lap(tl.PREPARE, model_out.forward_start)
+        timeline.lap(tl.FORWARD)
         # Filled while the device runs the forward pass (CUDA kernels are queued).
         bitmask = None
         if self.grammars.matchers:
             bitmask = self.grammars.fill_bitmask(model_out.sample_ids, model_out.drafts)
         sampled = self.runner.sample(model_out, bitmask)
+        timeline.lap(tl.SAMPLE)
         if bitmask is not None:
             self._advance_grammars(sampled)
         updates = self.scheduler.update(sched, sampled)
+        timeline.lap(tl.OUTPUT)
+        timeline.commit(sched)
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
@@ -267,14 +277,20 @@ class EngineCore:
         Returns step N's updates. No jump-forward here: forced tokens would have to come
         before the token N+1 is already computing (step() runs synchronous steps while a
         constrained request wants it)."""
+        timeline = self.timeline
         sched = self._schedule()
+        timeline.lap(tl.SCHEDULE)
         model_out = self.runner.execute_model(sched)
+        timeline.lap(tl.PREPARE, model_out.forward_start)
+        timeline.lap(tl.FORWARD)
         updates = self._drain() if self._in_flight is not None else []
         if model_out.sample_ids:
             bitmask = None
             if self.grammars.matchers:
                 bitmask = self.grammars.fill_bitmask(model_out.sample_ids)
             self._in_flight = (sched, self.runner.sample_async(model_out, bitmask))
+            timeline.lap(tl.SAMPLE)
+        timeline.commit(sched)
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
@@ -296,9 +312,12 @@ class EngineCore:
         self._in_flight = None
         self._touched.append(prev_sched)
         sampled = self.runner.resolve(pending)
+        self.timeline.lap(tl.SAMPLE)
         if self.grammars.matchers:
             self._advance_grammars(sampled, jump=jump)
-        return self.scheduler.update(prev_sched, sampled)
+        updates = self.scheduler.update(prev_sched, sampled)
+        self.timeline.lap(tl.OUTPUT)
+        return updates
 
     def _schedule(self):
         """Admit requests whose grammar compiled, schedule, drop finished matchers."""

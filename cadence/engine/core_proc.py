@@ -156,7 +156,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
     )
     send_or_exit(outbox, P.encoder.encode(ready))
     try:
-        code = EngineLoop(core, inbox, outbox, parent_pid).run()
+        code = EngineLoop(core, inbox, outbox, parent_pid, config.profile_dir).run()
     finally:
         core.shutdown()
     if core.grammars.shutdown():
@@ -188,9 +188,17 @@ def send_or_exit(outbox: zmq.Socket, frame: bytes) -> None:
 
 class EngineLoop:
     def __init__(
-        self, core: EngineCore, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int
+        self,
+        core: EngineCore,
+        inbox: zmq.Socket,
+        outbox: zmq.Socket,
+        parent_pid: int,
+        profile_dir: str | None = None,
     ) -> None:
+        from cadence.engine.introspect import Introspection
+
         self.core = core
+        self.introspection = Introspection(core, profile_dir)
         self.inbox = inbox
         self.outbox = outbox
         self.parent_pid = parent_pid
@@ -212,6 +220,7 @@ class EngineLoop:
 
     def run(self) -> int:
         """The loop; returns the process's exit code."""
+        timeline = self.core.timeline
         try:
             while self.running:
                 if os.getppid() != self.parent_pid:
@@ -220,9 +229,13 @@ class EngineLoop:
                 self._drain_inbox(block=not busy)
                 if not self.running:
                     break
+                steps_before = timeline.num_steps
                 updates = self._step() if self.core.has_unfinished_requests() else []
                 self.errors.extend(self.core.take_failed())
+                t_send = time.perf_counter()
                 self._send(updates)
+                if timeline.num_steps != steps_before:  # the step's outputs include the send
+                    timeline.add_output_time(time.perf_counter() - t_send)
                 if busy:
                     self._trimmer.worked()
                 self._trimmer.tick()
@@ -231,11 +244,20 @@ class EngineLoop:
         except EngineExit as e:
             (logger.error if e.code else logger.warning)("engine exiting: %s", e)
             return e.code
+        finally:
+            if self.introspection.profiler.active:  # keep what was recorded
+                self.introspection.profiler.stop()
         return 0
 
     def _step(self) -> list:
         try:
-            updates = self.core.step()
+            if self.introspection.profiler.active:
+                from torch.profiler import record_function
+
+                with record_function("cadence::step"):
+                    updates = self.core.step()
+            else:
+                updates = self.core.step()
         except Exception as e:
             self.consecutive_failures += 1
             logger.exception(
@@ -280,6 +302,10 @@ class EngineLoop:
                 ids = P.abort_decoder.decode(payload)
                 logger.debug("abort %s", ids)
                 self.core.abort(ids)
+            elif kind == P.CALL:
+                reply = self.introspection.answer(P.call_decoder.decode(payload))
+                send_or_exit(self.outbox, P.encoder.encode(reply))
+                continue  # a question changes no queue
             elif kind == P.SHUTDOWN:
                 self.running = False
                 return
@@ -312,6 +338,9 @@ class EngineLoop:
             g.cache_hits,
             g.jump_forward_tokens,
         )
+        stats.num_preempted = s.num_preempted
+        stats.kv_blocks_cached = s.kv_blocks_cached
+        stats.num_steps = self.core.timeline.num_steps
         if s.spec is not None:
             stats.spec_verifications = s.spec.num_verifications
             stats.spec_draft_tokens = s.spec.num_draft_tokens

@@ -4,10 +4,12 @@ Token ids travel, text does not. Frames on the input socket are (kind, payload):
 
     ADD       EngineCoreRequest          queue one sequence
     ABORT     list[str]                  request ids to drop (hang-ups, stop strings)
+    CALL      EngineCall                 a question for the core (step timeline, request
+                                         table, profiler): answered by one EngineCallReply
     SHUTDOWN  None                       leave the loop
 
-On the output socket every frame is one EngineCoreOutputs: a step's token updates, any
-per-request errors, and the scheduler's stats. While the core has unfinished work it sends
+On the output socket every frame is one EngineCoreOutputs (a step's token updates, any
+per-request errors, and the scheduler's stats) or one EngineCallReply. While the core has unfinished work it sends
 one at least every HEARTBEAT_INTERVAL_S, updates or not: the API server takes a long silence
 with requests in flight for a wedged engine.
 """
@@ -22,6 +24,7 @@ from cadence.sampling_params import SamplingParams
 ADD = b"add"
 ABORT = b"abort"
 SHUTDOWN = b"shutdown"
+CALL = b"call"
 
 HEARTBEAT_INTERVAL_S = 1.0  # the core's longest silence between steps while it has work
 
@@ -55,6 +58,9 @@ class EngineStats(msgspec.Struct, array_like=True):
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: list[int] = []
     spec_acceptance_lengths: list[int] = []  # [n]: verifications that yielded n tokens
+    num_preempted: int = 0  # of num_waiting: preempted, to be recomputed
+    kv_blocks_cached: int = 0  # free blocks that still hold a cached prefix
+    num_steps: int = 0  # cumulative steps that ran the model (the step timeline's count)
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):
@@ -77,7 +83,22 @@ class EngineReady(msgspec.Struct, array_like=True, tag="ready"):
     block_size: int
 
 
+class EngineCall(msgspec.Struct, array_like=True):
+    """A question for the core, answered between steps (cadence.engine.introspect)."""
+
+    call_id: int
+    method: str  # "steps" | "requests" | "start_profile" | "stop_profile"
+    args: dict = {}
+
+
+class EngineCallReply(msgspec.Struct, array_like=True, tag="reply"):
+    call_id: int
+    result: object = None  # plain data (dicts, lists, numbers, strings)
+    error: str | None = None  # the call failed: why (the result is None)
+
+
 encoder = msgspec.msgpack.Encoder()
 request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
 abort_decoder = msgspec.msgpack.Decoder(list[str])
-outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs | EngineReady)
+call_decoder = msgspec.msgpack.Decoder(EngineCall)
+outputs_decoder = msgspec.msgpack.Decoder(EngineCoreOutputs | EngineReady | EngineCallReply)

@@ -27,6 +27,7 @@ import cadence
 from cadence.config import EngineConfig
 from cadence.engine.client import AsyncEngineClient
 from cadence.entrypoints.admission import Admission
+from cadence.entrypoints.engine_view import install_engine_view
 from cadence.entrypoints.errors import APIError, install_error_handlers
 from cadence.entrypoints.guards import Guard
 from cadence.entrypoints.openai_protocol import (
@@ -39,6 +40,7 @@ from cadence.entrypoints.prompts import PromptBuilder
 from cadence.entrypoints.serving_chat import ChatServing
 from cadence.entrypoints.serving_completion import CompletionServing
 from cadence.entrypoints.streaming import sse_response, unless_disconnected
+from cadence.entrypoints.web_ui import install_web_ui
 from cadence.metrics import ServerMetrics
 from cadence.tokenizer import load_tokenizer
 
@@ -100,6 +102,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             chat=ChatServing(*shared),
             ready=ready,
             started=time.time(),
+            speculative=config.speculative is not None,
         )
         logger.info(
             "serving %s (max_model_len %d, %d KV blocks)",
@@ -156,6 +159,8 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             server.should_exit = True
 
     state["drain"] = drain
+    install_web_ui(app)
+    install_engine_view(app, state)
 
     # ---- routes -----------------------------------------------------------------------
 

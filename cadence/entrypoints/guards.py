@@ -2,8 +2,9 @@
 
 In order, before any route runs:
   1. draining (SIGTERM received): 503 + Retry-After for everything but /health and /metrics;
-  2. the API key: with `--api-key`, every path but /health (and /metrics with
-     `--metrics-public`) needs `Authorization: Bearer KEY`, compared in constant time;
+  2. the API key: with `--api-key`, every path but /health, the web app's page and assets
+     (/, /ui/...), and /metrics with `--metrics-public` needs `Authorization: Bearer KEY`,
+     compared in constant time;
   3. the body: a declared Content-Length over the limit is a 413 before a byte is read;
      otherwise the body is read here, counting bytes as they arrive (so a chunked upload
      with no Content-Length is cut off at the limit too), within a time bound (408), and
@@ -23,6 +24,7 @@ import hmac
 from collections.abc import Callable
 
 from cadence.entrypoints.errors import APIError
+from cadence.entrypoints.web_ui import is_public
 
 Scope = dict
 Message = dict
@@ -63,7 +65,7 @@ class Guard:
                 headers={"Retry-After": "5"},
             )
             return await _reply(err, scope, receive, send)
-        if self.key_digest is not None and path not in self.public:
+        if self.key_digest is not None and path not in self.public and not is_public(path):
             auth = headers.get("authorization", "")
             token = auth[7:] if auth[:7].lower() == "bearer " else ""
             if not hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self.key_digest):

@@ -10,6 +10,7 @@ logprobs also get the log-softmax at their prompt positions (`prompt_logprobs.py
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +83,9 @@ class ModelOutput:
     # decoding 1 + len(drafts[i]) rows for request i (its drafts' positions, then the next)
     logits: torch.Tensor | None
     drafts: list[list[int]] | None = None  # speculative decoding: drafts per request
+    # perf_counter() when the inputs were ready and the forward pass began (the step
+    # timeline's prepare | forward boundary); None if the step ran no forward pass
+    forward_start: float | None = None
 
 
 def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
@@ -354,9 +358,11 @@ class ModelRunner:
             fill = (fill_d[0], self._last_tokens[fill_d[1]])
         if graph_size is not None:
             token_inputs = np.stack([np.array(input_ids), positions, slots, seq_lens_np, rows_np])
+            forward_start = time.perf_counter()
             hidden = self.graphs.run(graph_size, token_inputs, self.tables, width, fill)
         elif mixed_size is not None:
             tokens = np.stack([np.array(input_ids), positions, slots])
+            forward_start = time.perf_counter()
             hidden = self.mixed_graphs.run(
                 mixed_size, tokens, qlens_np, seq_lens_np, rows_np, self.tables, width, fill
             )
@@ -364,6 +370,7 @@ class ModelRunner:
             ids_d, pos_d, meta = eager_inputs(lay, input_ids, self.tables, self.backend, dev, bs)
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
+            forward_start = time.perf_counter()
             hidden = self.model(ids_d, pos_d, meta)
         if self.spec is not None:  # what the proposer reads after verification
             self.spec.record_step(list(sched.num_scheduled_tokens), lay, hidden)
@@ -371,13 +378,14 @@ class ModelRunner:
             max_rows = min(self.config.scheduler.max_num_seqs, 128)
             prompt_logprobs.compute(self.model, hidden, prompt_rows, max_rows)
         if not sample_ids:
-            return ModelOutput([], None)
+            return ModelOutput([], None, forward_start=forward_start)
         if len(sample_rows) == num_tokens:  # every token samples (decodes): no gather
             logits = self.model.compute_logits(hidden)
         else:
             sample_rows_d = to_device(torch.tensor(sample_rows, dtype=torch.int64), dev)
             logits = self.model.compute_logits(hidden[sample_rows_d])
-        return ModelOutput(sample_ids, logits, drafts if self.spec is not None else None)
+        drafts_out = drafts if self.spec is not None else None
+        return ModelOutput(sample_ids, logits, drafts_out, forward_start)
 
     @torch.inference_mode()
     def sample(

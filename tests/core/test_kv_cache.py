@@ -471,3 +471,23 @@ def test_integrity_check_catches_a_forgotten_holder():
     del kv.req_blocks["b"]
     with pytest.raises(AssertionError):
         kv.check_integrity()
+
+
+@pytest.mark.parametrize("radix", [False, True], ids=["hash", "radix"])
+def test_free_blocks_that_keep_a_prefix_are_counted_as_cached(radix):
+    kv = KVCacheManager(8, BS, prefix_cache="radix" if radix else "hash")
+    a = make_request("a", list(range(9)))  # two full blocks and one partial
+    compute(kv, a)
+    assert kv.num_cached_free_blocks == 0  # held, not free
+    kv.free(a)
+    assert kv.num_cached_free_blocks == 2  # the partial block keeps no prefix
+    b = make_request("b", list(range(9)))
+    hits, _ = kv.get_computed_blocks(b)
+    compute(kv, b, 1, hits)
+    assert kv.num_cached_free_blocks == 0  # both revived by the hit
+    kv.free(b)
+    c = make_request("c", list(range(100, 129)))  # needs 8 blocks: evicts the cached two
+    compute(kv, c)
+    assert kv.num_cached_free_blocks == 0
+    kv.free(c)
+    assert kv.reset_prefix_cache() and kv.num_cached_free_blocks == 0

@@ -1,0 +1,88 @@
+"""The engine core's answers to the API server's questions (EngineCall -> EngineCallReply):
+
+    steps          the step timeline: phase times and batch composition of recent steps
+    requests       the requests the core holds: state, tokens, cache hits, age
+    start_profile  start torch.profiler in this process
+    stop_profile   stop it and write the trace
+
+Answered between steps, in the core's own process: what they read is consistent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from cadence.core.request import RequestStatus
+from cadence.engine import protocol as P
+from cadence.engine.profiler import EngineProfiler, ProfilerError
+
+if TYPE_CHECKING:
+    from cadence.core.request import Request
+    from cadence.engine.core import EngineCore
+
+MAX_REQUEST_ROWS = 1000
+
+_STATES = {
+    RequestStatus.WAITING: "waiting",
+    RequestStatus.RUNNING: "running",
+    RequestStatus.PREEMPTED: "preempted",
+}
+
+
+class Introspection:
+    def __init__(self, core: EngineCore, profile_dir: str | None) -> None:
+        self.core = core
+        self.profiler = EngineProfiler(profile_dir)
+        self._methods = {
+            "steps": self.steps,
+            "requests": self.requests,
+            "start_profile": self.profiler.start,
+            "stop_profile": self.profiler.stop,
+        }
+
+    def answer(self, call: P.EngineCall) -> P.EngineCallReply:
+        method = self._methods.get(call.method)
+        if method is None:
+            return P.EngineCallReply(call.call_id, error=f"unknown call {call.method!r}")
+        try:
+            return P.EngineCallReply(call.call_id, method(**call.args))
+        except (ProfilerError, TypeError, ValueError) as e:
+            return P.EngineCallReply(call.call_id, error=str(e))
+
+    def steps(self, since: int = 0, limit: int | None = None) -> dict:
+        timeline = self.core.timeline
+        return {
+            "capacity": timeline.size,
+            "num_steps": timeline.num_steps,
+            "steps": timeline.snapshot(int(since), None if limit is None else int(limit)),
+        }
+
+    def requests(self, limit: int = MAX_REQUEST_ROWS) -> dict:
+        """The requests the core holds, oldest first (at most `limit` of them)."""
+        core = self.core
+        now = time.time()
+        rows = [_row(r, "grammar", now) for r in core._awaiting_grammar.values()]
+        rows += [_row(r, _STATES.get(r.status, r.status.name.lower()), now) for r in _held(core)]
+        rows.sort(key=lambda row: row["arrival_time"])
+        return {"total": len(rows), "requests": rows[: max(0, int(limit))]}
+
+
+def _held(core: EngineCore) -> list[Request]:
+    return [r for r in core.scheduler.requests.values() if not r.is_finished]
+
+
+def _row(req: Request, state: str, now: float) -> dict:
+    """One request's line in the table (tokens, not blocks)."""
+    return {
+        "id": req.request_id,
+        "state": state,
+        "prompt_tokens": req.num_prompt_tokens,
+        "output_tokens": req.num_output_tokens,
+        "computed_tokens": req.num_computed_tokens,
+        "cached_tokens": req.num_cached_prompt_tokens,
+        "preemptions": req.num_preemptions,
+        "priority": req.priority,
+        "arrival_time": req.arrival_time,
+        "age_s": round(now - req.arrival_time, 3),
+    }

@@ -1,0 +1,155 @@
+"""What the engine is doing, over HTTP: the data behind the web UI's engine view.
+
+    GET  /v1/engine/stats      queues, KV pool, prefix cache, token and request counters
+                               (cumulative: a client takes rates from two readings)
+    GET  /v1/engine/steps      the step timeline: ?since=STEP_ID&limit=N (newest N)
+    GET  /v1/engine/requests   the requests the engine holds: state, tokens, cache hits, age
+    POST /start_profile        torch.profiler in the engine process (needs --profile-dir)
+    POST /stop_profile         ... stopped; the trace's path in the answer
+
+Protected like /v1 (the API key). Counters come from the same objects /metrics renders,
+so the two always agree; queue and KV numbers are the engine's last report (sent with every
+step's outputs).
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
+
+from cadence.engine.client import AsyncEngineClient, EngineCallError, EngineDeadError
+from cadence.entrypoints.errors import APIError
+
+CALL_TIMEOUT_S = 10.0
+PROFILE_STOP_TIMEOUT_S = 300.0  # writing a long trace takes a while
+MAX_STEPS = 100_000
+
+
+def install_engine_view(app: FastAPI, state: dict) -> None:
+    router = APIRouter()
+
+    async def call(method: str, timeout: float = CALL_TIMEOUT_S, **args):
+        client: AsyncEngineClient = state["client"]
+        try:
+            return await client.call(method, timeout, **args)
+        except EngineCallError as e:
+            raise APIError(str(e)) from None
+        except EngineDeadError as e:
+            raise APIError(str(e), 503, "service_unavailable") from None
+        except TimeoutError:
+            raise APIError(
+                f"the engine did not answer within {timeout:g} s", 503, "service_unavailable"
+            ) from None
+
+    @router.get("/v1/engine/stats")
+    async def stats():
+        return JSONResponse(engine_stats(state))
+
+    @router.get("/v1/engine/steps")
+    async def steps(since: int = 0, limit: int = 256):
+        if since < 0 or not 0 <= limit <= MAX_STEPS:
+            raise APIError(f"since must be >= 0 and limit in [0, {MAX_STEPS}]", param="limit")
+        return JSONResponse(await call("steps", since=since, limit=limit))
+
+    @router.get("/v1/engine/requests")
+    async def requests(limit: int = 200):
+        if limit < 0:
+            raise APIError("limit must be >= 0", param="limit")
+        return JSONResponse(await call("requests", limit=limit))
+
+    @router.post("/start_profile")
+    async def start_profile():
+        return JSONResponse(await call("start_profile"))
+
+    @router.post("/stop_profile")
+    async def stop_profile():
+        return JSONResponse(await call("stop_profile", PROFILE_STOP_TIMEOUT_S))
+
+    app.include_router(router)
+
+
+def engine_stats(state: dict) -> dict:
+    """One reading of the engine's counters (see the module docstring)."""
+    client: AsyncEngineClient = state["client"]
+    ready = state["ready"]
+    s = client.stats
+    m = state["metrics"].samples()
+    num_blocks = ready.num_blocks
+    used = round(s.kv_usage * num_blocks)
+    finished = {
+        key.split('"')[1]: int(v)
+        for key, v in m.items()
+        if key.startswith("cadence:request_success_total{")
+    }
+    queries, hits = s.prefix_queries, s.prefix_hits
+    out = {
+        "object": "engine.stats",
+        "time": time.time(),
+        "uptime_s": round(time.time() - state["started"], 3),
+        "model": state["name"],
+        "healthy": client.healthy,
+        "draining": state["draining"],
+        "num_steps": s.num_steps,
+        "requests": {
+            "running": s.num_running,
+            "waiting": s.num_waiting,
+            "preempted": s.num_preempted,
+            "in_flight": state["admission"].seqs_in_flight,  # sequences the API holds
+            "finished": sum(finished.values()),
+            "finished_by_reason": finished,
+            "rejected": int(m.get("cadence:requests_rejected_total", 0)),
+        },
+        "kv_cache": {
+            "num_blocks": num_blocks,
+            "block_size": ready.block_size,
+            "used_blocks": used,
+            "cached_blocks": s.kv_blocks_cached,
+            "free_blocks": num_blocks - used - s.kv_blocks_cached,
+            "usage": s.kv_usage,
+        },
+        "prefix_cache": {
+            "queried_tokens": queries,
+            "hit_tokens": hits,
+            "hit_rate": hits / queries if queries else 0.0,
+            "queried_requests": s.prefix_requests,
+            "hit_requests": s.prefix_hit_requests,
+            "evicted_blocks": s.prefix_evictions,
+        },
+        "tokens": {
+            "prompt": int(m.get("cadence:prompt_tokens_total", 0)),
+            "generation": int(m.get("cadence:generation_tokens_total", 0)),
+        },
+        "preemptions": s.num_preemptions,
+        "latency": {
+            name: {
+                "count": int(m.get(f"cadence:{metric}_count", 0)),
+                "sum_s": m.get(f"cadence:{metric}_sum", 0.0),
+            }
+            for name, metric in (
+                ("time_to_first_token", "time_to_first_token_seconds"),
+                ("inter_token", "inter_token_latency_seconds"),
+                ("e2e", "e2e_request_latency_seconds"),
+                ("queue", "request_queue_time_seconds"),
+            )
+        },
+        "structured_outputs": {
+            "requests": s.structured_requests,
+            "grammar_compiles": s.grammar_compiles,
+            "grammar_cache_hits": s.grammar_cache_hits,
+            "jump_forward_tokens": s.jump_forward_tokens,
+        },
+        "speculative_decoding": None,
+    }
+    if state.get("speculative"):
+        out["speculative_decoding"] = {
+            "verifications": s.spec_verifications,
+            "draft_tokens": s.spec_draft_tokens,
+            "accepted_tokens": s.spec_accepted_tokens,
+            "acceptance_rate": s.spec_accepted_tokens / s.spec_draft_tokens
+            if s.spec_draft_tokens
+            else 0.0,
+            "accepted_per_position": list(s.spec_accepted_per_position),
+        }
+    return out

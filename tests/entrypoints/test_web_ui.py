@@ -1,0 +1,151 @@
+"""The web app at `/`, in a real browser: headless Chromium (Debian's package) driven by
+Playwright. It asks for the API key, streams a chat answer (and a structured one), and its
+engine view shows the counters move while `cadence bench serve` loads the server. Nothing
+the page asks for leaves the machine. Screenshots go to build/screenshots/ (not committed;
+CADENCE_SCREENSHOT_DIR moves them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from server_helper import API_KEY
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SHOTS = Path(
+    os.environ.get("CADENCE_SCREENSHOT_DIR", Path(__file__).parents[2] / "build" / "screenshots")
+)
+# The flags a locked-down machine needs: no sandbox as root, and no background calls home.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+    "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Debian's chromium for the web UI test (make test installs it)")
+        pytest.skip("Debian's chromium is not installed (`make test` installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # (bypass_csp: the page's policy forbids eval, which wait_for_function uses; the
+        # requests the page makes are checked below, and the header in test_engine_view.)
+        pg = browser.new_page(viewport={"width": 1440, "height": 900}, bypass_csp=True)
+        pg.urls, pg.errors = [], []
+        pg.on("request", lambda r: pg.urls.append(r.url))
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        pg.goto(server.url + "/")
+        yield pg
+        browser.close()
+
+
+def test_the_page_asks_for_the_key_then_chats_with_streaming(page, server):
+    page.wait_for_selector("#api-key-dialog[open]", timeout=10_000)
+    page.fill("#api-key-input", API_KEY)
+    page.click("#api-key-save")
+    page.wait_for_function("document.getElementById('model-name').textContent.includes('Smol')")
+    page.fill("#temperature", "0")
+    page.fill("#max-tokens", "48")
+    page.fill("#chat-input", "Name three primary colors.")
+    page.press("#chat-input", "Enter")
+    # Streaming: text is on the page while the answer is still coming (Stop is shown).
+    page.wait_for_function(
+        """() => {
+            const c = document.querySelector('.msg.assistant .content');
+            return c && c.textContent.length > 0 && !document.getElementById('stop').hidden;
+        }""",
+        timeout=60_000,
+    )
+    meta = page.wait_for_selector(".msg.assistant .meta", timeout=120_000).inner_text()
+    assert "TTFT" in meta and "tok/s" in meta, meta
+    first = page.inner_text(".msg.assistant .content")
+    assert first.strip()
+    page.screenshot(path=str(SHOTS / "chat.png"))
+    # Regenerate (greedy): the same answer again, in place of the first.
+    page.click("#regenerate")
+    page.wait_for_function("document.querySelectorAll('.msg.assistant .meta').length === 1")
+    page.wait_for_selector("#send:not([hidden])", timeout=120_000)
+    assert page.inner_text(".msg.assistant .content") == first
+    assert len(page.query_selector_all(".msg.assistant")) == 1
+
+
+def test_a_json_schema_constrains_the_answer(page):
+    schema = {
+        "type": "object",
+        "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}},
+        "required": ["color"],
+    }
+    page.click("#new-chat")
+    page.fill("#json-schema", json.dumps(schema))
+    page.fill("#chat-input", "Which color is the sky? Answer in JSON.")
+    page.press("#chat-input", "Enter")
+    page.wait_for_selector(".msg.assistant .meta", timeout=120_000)
+    answer = json.loads(page.inner_text(".msg.assistant .content"))
+    assert answer["color"] in ("red", "green", "blue")
+    page.fill("#json-schema", "")
+    page.locator("#json-schema").dispatch_event("change")
+    # Conversations are kept in the browser: both are listed, and survive a reload.
+    page.reload()
+    page.wait_for_selector("#conversations li")
+    assert len(page.query_selector_all("#conversations li")) == 2
+
+
+def read_int(page, selector: str) -> int:
+    text = page.inner_text(selector).replace(",", "").strip()
+    return int(text) if text.isdigit() else -1
+
+
+def test_the_engine_view_moves_under_load(page, server):
+    page.click("#tab-engine")
+    page.wait_for_function("document.getElementById('stat-steps').textContent !== '–'")
+    steps0 = read_int(page, "#stat-steps")
+    load = subprocess.Popen(
+        [sys.executable, "-m", "cadence.cli.main", "bench", "serve"]
+        + ["--base-url", server.url, "--api-key", API_KEY, "--num-prompts", "24"]
+        + ["--max-concurrency", "6", "--random-input-len", "48", "--random-output-len", "48"]
+        + ["--ignore-eos"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    saw = {"rows": 0, "running": 0, "gen_tps": 0.0}
+    try:
+        deadline = time.monotonic() + 180
+        while load.poll() is None and time.monotonic() < deadline:
+            saw["rows"] = max(saw["rows"], len(page.query_selector_all("#requests-table tbody tr")))
+            saw["running"] = max(saw["running"], read_int(page, "#stat-running"))
+            tps = page.inner_text("#stat-gen-tps").replace(",", "")
+            saw["gen_tps"] = max(saw["gen_tps"], float(tps) if tps[:1].isdigit() else 0.0)
+            if saw["rows"] >= 2 and saw["gen_tps"] > 0 and saw["running"] >= 2:
+                page.wait_for_timeout(2500)  # a little more history in the charts
+                page.screenshot(path=str(SHOTS / "engine.png"), full_page=True)
+                break
+            page.wait_for_timeout(250)
+    finally:
+        _, err = load.communicate(timeout=300)
+    assert load.returncode == 0, err.decode()[-2000:]
+    assert saw["rows"] >= 2 and saw["running"] >= 2 and saw["gen_tps"] > 0, saw
+    page.wait_for_timeout(1500)  # one more poll after the load
+    assert read_int(page, "#stat-steps") > steps0
+    assert page.inner_text("#stat-running") == "0"
+
+
+def test_nothing_left_the_machine_and_no_script_failed(page, server):
+    assert page.urls and all(u.startswith(server.url + "/") for u in page.urls), [
+        u for u in page.urls if not u.startswith(server.url)
+    ]
+    assert page.errors == []
