@@ -26,7 +26,7 @@ from collections import deque
 
 PHASES = ("schedule", "prepare", "forward", "sample", "output")
 SCHEDULE, PREPARE, FORWARD, SAMPLE, OUTPUT = range(len(PHASES))
-# One record, as a list (the loop appends to `output` after sending): these fields in order.
+# A step, as snapshot() returns it: these fields, in this order.
 FIELDS = (
     "id",  # step number since start (1-based, counts recorded steps)
     "start",  # unix time the step began, seconds
@@ -37,7 +37,6 @@ FIELDS = (
     "decode_seqs",  # sequences past their prompt (one token each, plus drafts)
     "preempted",  # sequences preempted by this step's schedule
 )
-_OUTPUT = FIELDS.index("output_ms")
 
 
 class StepTimeline:
@@ -50,7 +49,7 @@ class StepTimeline:
         if size < 0:
             raise ValueError(f"step_timeline_size must be >= 0, got {size}")
         self.size = size
-        self.records: deque[list] = deque(maxlen=size or 1)
+        self.records: deque[tuple] = deque(maxlen=size or 1)
         self.num_steps = 0  # steps that ran the model since start (counted even at size 0)
         self._wall0 = 0.0  # time.time() at begin()
         self._last = 0.0  # perf_counter() at the last lap (or begin)
@@ -72,36 +71,51 @@ class StepTimeline:
 
     def commit(self, sched) -> None:
         """Close the step begun last: `sched` is the SchedulerOutput it ran. A step that
-        ran nothing is dropped."""
+        ran nothing is dropped. (Kept raw; snapshot() does the arithmetic.)"""
         if sched is None or sched.is_empty:
             return
         self.num_steps += 1
         if not self.size:
             return
-        tokens = sched.total_num_scheduled_tokens
         self.records.append(
-            [
+            (
                 self.num_steps,
                 self._wall0,
-                *(round(s * 1e3, 4) for s in self._acc),
+                self._acc,
                 len(sched.num_scheduled_tokens),
-                tokens,
-                tokens - sched.num_decode_tokens,
+                sched.total_num_scheduled_tokens,
+                sched.num_decode_tokens,
                 sched.num_decode_seqs,
                 len(sched.preempted_ids),
-            ]
+            )
         )
 
     def add_output_time(self, seconds: float) -> None:
         """Add time spent on the last step's outputs after commit() (the served engine's
         send)."""
         if self.size and self.records:
-            rec = self.records[-1]
-            rec[_OUTPUT] = round(rec[_OUTPUT] + seconds * 1e3, 4)
+            self.records[-1][2][OUTPUT] += seconds
 
     def snapshot(self, since: int = 0, limit: int | None = None) -> list[dict]:
         """The recorded steps with id > `since`, oldest first, at most the newest `limit`."""
         out = [r for r in self.records if r[0] > since] if self.size else []
         if limit is not None:
             out = out[-limit:] if limit > 0 else []
-        return [dict(zip(FIELDS, r)) for r in out]
+        return [
+            dict(
+                zip(
+                    FIELDS,
+                    (
+                        step_id,
+                        start,
+                        *(round(t * 1e3, 4) for t in acc),
+                        seqs,
+                        tokens,
+                        tokens - decode_tokens,
+                        decode_seqs,
+                        preempted,
+                    ),
+                )
+            )
+            for step_id, start, acc, seqs, tokens, decode_tokens, decode_seqs, preempted in out
+        ]

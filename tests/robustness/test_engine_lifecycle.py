@@ -27,6 +27,7 @@ from server_helper import Server
 from cadence.core.scheduler_output import SchedulerStats
 from cadence.engine import protocol as P
 from cadence.engine.core_proc import EngineExit, EngineLoop, make_outbox, send_or_exit
+from cadence.engine.step_timeline import StepTimeline
 from cadence.structured.manager import GrammarStats
 
 GONE_WITHIN = 5.0  # seconds from the API process's death to the engine's
@@ -141,6 +142,8 @@ class SilentCore:
 
     class runner:
         num_blocks = 16
+
+    timeline = StepTimeline(0)
 
     def has_unfinished_requests(self) -> bool:
         return True
