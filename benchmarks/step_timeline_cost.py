@@ -72,10 +72,8 @@ def main() -> None:
     result: dict = {
         "bookkeeping_us_per_step": {"on": bookkeeping_us(1024), "off": bookkeeping_us(0)}
     }
-    print(
-        "bookkeeping per step: %.2f us on, %.2f us off"
-        % tuple(result["bookkeeping_us_per_step"].values())
-    )
+    book = result["bookkeeping_us_per_step"]
+    print(f"bookkeeping per step: {book['on']:.2f} us on, {book['off']:.2f} us off")
     from cadence import LLM
 
     llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, skip_tokenizer_init=True)

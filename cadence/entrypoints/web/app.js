@@ -4,6 +4,7 @@
 const Cadence = (() => {
   const KEY_STORE = "cadence.apiKey";
   let keyPrompt = null; // the open dialog's promise, shared by every caller that got a 401
+  let dismissed = false; // the user closed the dialog without a key: no more prompts by itself
 
   function apiKey() {
     return localStorage.getItem(KEY_STORE) || "";
@@ -19,6 +20,7 @@ const Cadence = (() => {
         "close",
         () => {
           if (dialog.returnValue === "save") localStorage.setItem(KEY_STORE, input.value.trim());
+          dismissed = dialog.returnValue !== "save";
           keyPrompt = null;
           resolve(dialog.returnValue === "save");
         },
@@ -38,7 +40,7 @@ const Cadence = (() => {
       const key = apiKey();
       if (key) headers["Authorization"] = "Bearer " + key;
       const res = await fetch(path, { ...options, headers });
-      if (res.status !== 401 || attempt > 0) return res;
+      if (res.status !== 401 || attempt > 0 || dismissed) return res;
       if (!(await askForKey())) return res;
     }
   }
@@ -104,7 +106,10 @@ const Cadence = (() => {
     for (const tab of document.querySelectorAll(".tab")) {
       tab.addEventListener("click", () => showView(tab.dataset.view));
     }
-    document.getElementById("key-button").addEventListener("click", () => askForKey());
+    document.getElementById("key-button").addEventListener("click", () => {
+      dismissed = false;
+      askForKey().then((saved) => saved && loadModel());
+    });
     const wanted = location.hash.replace("#", "");
     if (wanted === "engine") showView("engine");
     checkHealth();

@@ -118,15 +118,13 @@
     const system = $("system-prompt").value.trim();
     if (system) messages.push({ role: "system", content: system });
     for (const m of history) if (!m.error || m.content) messages.push({ role: m.role, content: m.content });
-    const body = {
-      model: Cadence.model || undefined,
-      messages,
-      stream: true,
-      stream_options: { include_usage: true },
-      temperature: Number($("temperature").value),
-      top_p: Number($("top-p").value),
-      max_tokens: Number($("max-tokens").value),
-    };
+    const body = { model: Cadence.model || undefined, messages, stream: true };
+    body.stream_options = { include_usage: true };
+    // An empty field leaves the server's default.
+    for (const [id, key] of [["temperature", "temperature"], ["top-p", "top_p"], ["max-tokens", "max_tokens"]]) {
+      const text = $(id).value.trim();
+      if (text !== "") body[key] = Number(text);
+    }
     const stops = $("stop-strings").value.split("\n").filter((s) => s.length);
     if (stops.length) body.stop = stops;
     const schemaText = $("json-schema").value.trim();
