@@ -40,7 +40,7 @@ def main() -> None:
             time.sleep(0.5)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
-            page = browser.new_page(viewport={"width": 1440, "height": 900}, bypass_csp=True)
+            page = browser.new_page(viewport={"width": 1440, "height": 900})
             page.goto(url + "/")
             page.fill("#system-prompt", "You are a concise assistant.")
             page.fill("#max-tokens", "200")

@@ -83,6 +83,11 @@ def test_streamed_text_is_the_plain_text_and_drafts_are_counted(spec_server, cli
         r'spec_decode_num_accepted_tokens_per_pos_total\{.*position="0"\} (\S+)', text
     )
     assert first and float(first.group(1)) > 0
+    # The engine view's counters are the same.
+    view = httpx.get(spec_server.url + "/v1/engine/stats").json()["speculative_decoding"]
+    assert (view["draft_tokens"], view["accepted_tokens"]) == (drafts, accepted)
+    assert view["verifications"] == metric(text, "cadence:spec_decode_num_drafts_total")
+    assert view["acceptance_rate"] == pytest.approx(accepted / drafts)
 
 
 @pytest.mark.parametrize(
