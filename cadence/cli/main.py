@@ -4,6 +4,8 @@
     cadence bench throughput [MODEL] [--dataset random|mixed] [...] [engine flags]
     cadence bench latency    [MODEL] [--batch-size B] [...] [engine flags]
     cadence bench serve      [--base-url URL] [--endpoint completions|chat] [...]
+    cadence serve [MODEL] [--data-parallel-size N] [...]
+    cadence router --worker URL [--worker URL ...] [--policy cache-aware]
 
 Engine flags (--dtype, --max-num-batched-tokens, ...) come from cadence/cli/args.py, which
 generates them from the configuration dataclasses; `cadence <command> --help` lists them.
@@ -80,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_level(serve, "info")
     add_engine_args(serve)
     serve.set_defaults(func=_cmd_serve, parser=serve)
+
+    # cadence router
+    from cadence.cli.router import add_router_args
+
+    router = commands.add_parser(
+        "router",
+        usage="cadence router --worker URL [--worker URL ...] [--policy P] [--port P]",
+        help="one address in front of several servers (data parallel)",
+        description="Route OpenAI API requests over replicas started with `cadence serve`: "
+        "round-robin, least-load, or cache-aware (the replica that already holds the "
+        "prompt's prefix). Streams pass through.",
+    )
+    add_router_args(router)
+    _add_log_level(router, "info")
+    router.set_defaults(func=_cmd_router, parser=router)
 
     # cadence chat
     from cadence.cli.chat import add_chat_args
@@ -192,6 +209,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from cadence.cli.serve import run_serve
 
     return run_serve(args)
+
+
+def _cmd_router(args: argparse.Namespace) -> int:
+    from cadence.cli.router import run_router
+
+    return run_router(args)
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from cadence.cli.args import check_engine_args, non_negative_float, positive_float
+from cadence.cli.args import check_engine_args, non_negative_float, positive_float, positive_int
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    from cadence.cli.router import add_routing_args
+
+    add_routing_args(parser, prefix="router-")
     s = parser.add_argument_group("server")
     s.add_argument(
         "--host",
@@ -52,6 +55,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         "declares it wedged, fails its requests and exits 1 (default: 300)",
     )
     s.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=positive_int,
+        default=1,
+        help="replicas of the whole server (each its own engine, GPU(s) or CPU cores) behind "
+        "one router on --port (default: 1)",
+    )
+    s.add_argument(
         "--shutdown-timeout",
         type=non_negative_float,
         default=30.0,
@@ -68,6 +79,10 @@ def run_serve(args: argparse.Namespace) -> int:
     kwargs = check_engine_args(args.parser, args)
     if args.max_num_waiting < 0:
         args.parser.error("--max-num-waiting must be >= 0")
+    if args.data_parallel_size > 1:
+        from cadence.cli.data_parallel import run_data_parallel
+
+        return run_data_parallel(args, kwargs)
     config = EngineConfig.from_kwargs(**kwargs)
     try:
         from setproctitle import setproctitle

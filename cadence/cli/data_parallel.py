@@ -1,0 +1,166 @@
+"""`cadence serve --data-parallel-size N`: N replicas of the server on this machine, behind
+one router on the public address.
+
+Each replica is a whole `cadence serve` (API process + engine process) on 127.0.0.1 and a
+free port, with the same flags: on GPUs it sees its own `tensor_parallel_size` of them
+(CUDA_VISIBLE_DEVICES), on a CPU its own share of the cores (its engine pins its threads
+there). The router (cadence/router/) sends each request to one of them by
+`--router-policy`. The replicas die with this process; SIGTERM reaches them (they drain).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+logger = logging.getLogger("cadence.router")
+
+# Flags of this process that a replica must not get (each takes one value).
+_OWN_FLAGS = {
+    "--data-parallel-size",
+    "-dp",
+    "--host",
+    "--port",
+    "--router-policy",
+    "--router-cache-threshold",
+    "--router-balance-abs-threshold",
+    "--router-balance-rel-threshold",
+}
+STARTUP_TIMEOUT_S = 900.0
+
+
+def replica_argv(argv: list[str]) -> list[str]:
+    """`argv` (after `serve`) without this process's own flags."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in _OWN_FLAGS:
+            skip = "=" not in a
+            continue
+        out.append(a)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def placements(n: int, device: str, tp: int) -> list[dict]:
+    """Per replica: the environment and CPU cores it gets."""
+    import torch
+
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if cuda:
+        have = torch.cuda.device_count()
+        if n * tp > have:
+            raise ValueError(f"{n} replicas x {tp} GPUs each need {n * tp} GPUs; {have} visible")
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(have)]
+        return [
+            {"env": {"CUDA_VISIBLE_DEVICES": ",".join(ids[i * tp : (i + 1) * tp])}, "cores": None}
+            for i in range(n)
+        ]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < n:  # more replicas than cores: they share them all
+        return [{"env": {}, "cores": None} for _ in range(n)]
+    share = len(cores) // n
+    return [{"env": {}, "cores": cores[i * share : (i + 1) * share]} for i in range(n)]
+
+
+def start_replicas(argv: list[str], n: int, device: str, tp: int) -> tuple[list, list[str]]:
+    from cadence.process import die_with_parent
+
+    parent = os.getpid()
+    procs, urls = [], []
+    for i, place in enumerate(placements(n, device, tp)):
+        port = _free_port()
+        cores = place["cores"]
+
+        def setup(cores=cores) -> None:  # in the child, before exec
+            die_with_parent(parent)
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        cmd = [sys.executable, "-m", "cadence.cli.main", "serve", *argv]
+        cmd += ["--host", "127.0.0.1", "--port", str(port)]
+        where = place["env"].get("CUDA_VISIBLE_DEVICES") or f"cores {cores or 'all'}"
+        logger.info("replica %d on port %d (%s)", i, port, where)
+        procs.append(subprocess.Popen(cmd, env={**os.environ, **place["env"]}, preexec_fn=setup))
+        urls.append(f"http://127.0.0.1:{port}")
+    return procs, urls
+
+
+def wait_ready(procs: list, urls: list[str], timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(range(len(urls)))
+    while pending:
+        for i in sorted(pending):
+            if procs[i].poll() is not None:
+                raise RuntimeError(f"replica {i} exited with code {procs[i].returncode}")
+            try:
+                if httpx.get(urls[i] + "/health", timeout=1).status_code == 200:
+                    pending.discard(i)
+            except httpx.HTTPError:
+                pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replicas {sorted(pending)} did not start in {timeout_s:g} s")
+        time.sleep(0.3)
+
+
+def stop_replicas(procs: list, timeout_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s + 10
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict) -> int:
+    import uvicorn
+
+    from cadence.cli.router import load_router_tokenizer, policy_kwargs
+    from cadence.router.app import create_router_app
+
+    argv = list(args.argv)
+    argv = replica_argv(argv[argv.index("serve") + 1 :] if "serve" in argv else argv)
+    tp = engine_kwargs.get("tensor_parallel_size", 1) or 1
+    procs, urls = start_replicas(
+        argv, args.data_parallel_size, engine_kwargs.get("device", "auto"), tp
+    )
+    try:
+        wait_ready(procs, urls)
+        tokenizer = load_router_tokenizer(
+            engine_kwargs.get("tokenizer") or engine_kwargs.get("model"), urls
+        )
+        app = create_router_app(urls, args.router_policy, tokenizer, **policy_kwargs(args))
+        logger.info(
+            "listening on http://%s:%d (%d replicas, %s)",
+            args.host,
+            args.port,
+            len(urls),
+            args.router_policy,
+        )
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    except (RuntimeError, TimeoutError) as e:
+        logger.error("data parallel start-up failed: %s", e)
+        return 1
+    finally:
+        stop_replicas(procs, args.shutdown_timeout)
+    return 0

@@ -1,0 +1,135 @@
+"""`cadence router --worker URL ...`: one OpenAI-compatible address in front of replicas
+started separately (`cadence serve` on other ports or machines)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from cadence.cli.args import non_negative_float
+
+logger = logging.getLogger("cadence.router")
+
+
+def add_routing_args(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The policy flags, shared by `cadence router` and `cadence serve -dp N`
+    (`prefix`: "router-" there, so they cannot clash with engine flags)."""
+    from cadence.router.policies import POLICIES
+
+    g = parser.add_argument_group("routing")
+    g.add_argument(
+        f"--{prefix}policy",
+        dest="router_policy",
+        choices=POLICIES,
+        default="cache-aware",
+        help="which replica gets a request (default: cache-aware)",
+    )
+    g.add_argument(
+        f"--{prefix}cache-threshold",
+        dest="cache_threshold",
+        type=float,
+        default=0.5,
+        help="cache-aware: route by prefix when the best match covers this fraction of the "
+        "prompt (default: 0.5)",
+    )
+    g.add_argument(
+        f"--{prefix}balance-abs-threshold",
+        dest="balance_abs",
+        type=int,
+        default=32,
+        help="cache-aware: balance load first when the busiest replica holds this many more "
+        "sequences than the idlest (default: 32) ...",
+    )
+    g.add_argument(
+        f"--{prefix}balance-rel-threshold",
+        dest="balance_rel",
+        type=float,
+        default=1.5,
+        help="... and this many times as many (default: 1.5)",
+    )
+
+
+def add_router_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--worker",
+        dest="workers",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a replica's base URL, e.g. http://127.0.0.1:8001 (repeat the flag)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="(default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer for the prefix indexes (default: the replicas' model folder when it "
+        "is on this machine, else SmolLM2's)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=non_negative_float,
+        default=0.0,
+        help="wait up to this many seconds for every replica to be healthy (default: 0)",
+    )
+    add_routing_args(parser)
+
+
+def load_router_tokenizer(path: str | None, urls: list[str]):
+    """The replicas' tokenizer when it can be found here; routing works without one."""
+    import os
+
+    import httpx
+
+    from cadence.tokenizer import load_tokenizer
+
+    candidates = [path] if path else []
+    for url in urls:
+        try:
+            root = httpx.get(url.rstrip("/") + "/v1/models", timeout=5).json()["data"][0]["root"]
+            candidates.append(root)
+        except Exception:  # unreachable or protected: try the next one
+            continue
+    for c in candidates:
+        if c and os.path.isdir(c):
+            try:
+                return load_tokenizer(c)
+            except Exception as e:
+                logger.warning("could not load the tokenizer at %s: %s", c, e)
+    try:
+        from cadence.loader.loader import resolve_model_path
+
+        return load_tokenizer(resolve_model_path(None))
+    except Exception as e:
+        logger.warning("routing without a tokenizer (%s): prefixes keyed by bytes", e)
+        return None
+
+
+def policy_kwargs(args: argparse.Namespace) -> dict:
+    if args.router_policy != "cache-aware":
+        return {}
+    return {
+        "cache_threshold": args.cache_threshold,
+        "balance_abs": args.balance_abs,
+        "balance_rel": args.balance_rel,
+    }
+
+
+def run_router(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from cadence.router.app import create_router_app
+
+    if not 0.0 <= args.cache_threshold <= 1.0:
+        args.parser.error("--cache-threshold must be in [0, 1]")
+    tokenizer = load_router_tokenizer(args.tokenizer, args.workers)
+    app = create_router_app(
+        args.workers,
+        args.router_policy,
+        tokenizer,
+        startup_timeout_s=args.startup_timeout,
+        **policy_kwargs(args),
+    )
+    logger.info("router listening on http://%s:%d", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0

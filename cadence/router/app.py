@@ -1,0 +1,277 @@
+"""The router's HTTP side: one OpenAI-compatible address in front of several replicas.
+
+    POST /v1/completions, /v1/chat/completions   routed (policies.py), body passed through,
+                                                 SSE streamed through as it arrives
+    GET  /v1/models                              a healthy replica's answer
+    GET  /health                                 200 while any replica is in rotation
+    GET  /metrics                                the router's own counters (cadence:router_*)
+    GET  /v1/router/replicas                     each replica: health, load, index size
+
+The client's Authorization header goes to the replica as it came (replicas share a key).
+A replica that cannot be reached before it answered is taken out of rotation and the
+request goes to another; one that fails mid-answer ends that answer with an error (an SSE
+error event and [DONE] on a stream, 502 otherwise): the router never retries a request that
+may already have produced tokens, and nothing hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from cadence.router.policies import Choice, make_policy
+from cadence.router.prefix_index import chunk_keys
+from cadence.router.replicas import ReplicaSet
+
+logger = logging.getLogger("cadence.router")
+
+HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
+
+
+def error(message: str, status: int, kind: str = "service_unavailable") -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "cadence:router_requests", "Requests routed, per replica", ["replica"], registry=r
+        )
+        self.decisions = Counter(
+            "cadence:router_decisions",
+            "Routing decisions by reason (cache_hit, no_match, balance, least_load, round_robin)",
+            ["reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "cadence:router_prompt_tokens",
+            "Prompt tokens routed (the router's own tokenization), per replica",
+            ["replica"],
+            registry=r,
+        )
+        self.hit_tokens = Counter(
+            "cadence:router_estimated_hit_tokens",
+            "Of those, tokens the replica was sent before (its prefix index): estimated hits",
+            ["replica"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "cadence:router_errors",
+            "Requests that failed at a replica: unreachable (retried elsewhere) or broken "
+            "mid-answer",
+            ["replica", "kind"],
+            registry=r,
+        )
+        self.healthy = Gauge(
+            "cadence:router_replica_healthy", "1 while in rotation", ["replica"], registry=r
+        )
+        self.load = Gauge(
+            "cadence:router_replica_load",
+            "Sequences the replica holds (estimate)",
+            ["replica"],
+            registry=r,
+        )
+
+
+def prompt_text(path: str, body: dict) -> str | list[int]:
+    """What the routing key is made of: the (first) prompt, or the chat rendered plainly."""
+    if path.endswith("/chat/completions"):
+        parts = []
+        for m in body.get("messages") or []:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(f"{m.get('role', '') if isinstance(m, dict) else ''}: {content or ''}")
+        return "\n".join(parts)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) for t in prompt):
+            return prompt
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, (str, list)) else ""
+
+
+def create_router_app(
+    urls: list[str],
+    policy: str = "cache-aware",
+    tokenizer=None,
+    startup_timeout_s: float = 0.0,
+    **policy_kw,
+) -> FastAPI:
+    """`tokenizer`: encodes prompt text for the prefix indexes (None: 4 bytes a token, a
+    rough stand-in that still groups equal prefixes)."""
+    chooser = make_policy(policy, **policy_kw)
+    metrics = RouterMetrics()
+    state: dict = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        replicas = ReplicaSet(urls)
+        state["replicas"] = replicas
+        if startup_timeout_s:
+            await replicas.wait_healthy(startup_timeout_s)
+        await replicas.start()
+        logger.info("routing %s over %d replicas: %s", policy, len(urls), ", ".join(urls))
+        try:
+            yield
+        finally:
+            await replicas.close()
+
+    app = FastAPI(title="Cadence router", lifespan=lifespan)
+
+    def keys_for(path: str, body: dict) -> tuple[list[bytes], int]:
+        text = prompt_text(path, body)
+        if isinstance(text, list):
+            ids = text
+        elif tokenizer is not None:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+        else:
+            raw = text.encode()
+            ids = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4)]
+        return chunk_keys(ids), len(ids)
+
+    def route(keys: list[bytes], num_tokens: int, exclude: set[int]) -> Choice | None:
+        replicas = [r for r in state["replicas"].healthy() if r.index not in exclude]
+        if not replicas:
+            return None
+        choice = chooser.choose(replicas, keys)
+        r = choice.replica
+        r.prefixes.insert(keys)
+        metrics.requests.labels(r.url).inc()
+        metrics.decisions.labels(choice.reason).inc()
+        metrics.prompt_tokens.labels(r.url).inc(num_tokens)
+        metrics.hit_tokens.labels(r.url).inc(min(choice.matched_tokens, num_tokens))
+        return choice
+
+    async def forward(request: Request, path: str):
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("the body is not a JSON object")
+        except ValueError as e:
+            return error(f"invalid JSON body: {e}", 400, "invalid_request_error")
+        keys, num_tokens = await asyncio.to_thread(keys_for, path, body)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        replicas: ReplicaSet = state["replicas"]
+        tried: set[int] = set()
+        while True:
+            choice = route(keys, num_tokens, tried)
+            if choice is None:
+                return error("no replica is available", 503)
+            r = choice.replica
+            tried.add(r.index)
+            upstream = replicas.http.build_request(
+                "POST", r.url + path, content=raw, headers=headers
+            )
+            r.in_flight += 1
+            r.sent_since_poll += 1
+            try:
+                resp = await replicas.http.send(upstream, stream=True)
+            except httpx.TransportError as e:  # nothing was sent back: safe to go elsewhere
+                r.in_flight -= 1
+                metrics.errors.labels(r.url, "unreachable").inc()
+                r.mark_down(f"{type(e).__name__}: {e}")
+                continue
+            break
+        out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            return StreamingResponse(
+                _relay(resp, r, metrics), status_code=resp.status_code, headers=out_headers
+            )
+        try:
+            content = await resp.aread()
+        except httpx.HTTPError as e:
+            metrics.errors.labels(r.url, "broken").inc()
+            r.mark_down(f"{type(e).__name__}: {e}")
+            return error(f"replica {r.url} failed while answering: {type(e).__name__}", 502)
+        finally:
+            r.in_flight -= 1
+            await resp.aclose()
+        return Response(content, status_code=resp.status_code, headers=out_headers)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await forward(request, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await forward(request, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        replicas: ReplicaSet = state["replicas"]
+        auth = {k: v for k, v in request.headers.items() if k.lower() == "authorization"}
+        for r in replicas.healthy():
+            try:
+                resp = await replicas.http.get(r.url + "/v1/models", headers=auth)
+            except httpx.HTTPError:
+                continue
+            return Response(resp.content, resp.status_code, media_type="application/json")
+        return error("no replica is available", 503)
+
+    @app.get("/health")
+    async def health():
+        if state["replicas"].healthy():
+            return Response(status_code=200)
+        return error("no replica is in rotation", 503)
+
+    @app.get("/v1/router/replicas")
+    async def replica_status():
+        return {
+            "policy": policy,
+            "replicas": [
+                {
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "load": r.load,
+                    "in_flight": r.in_flight,
+                    "indexed_chunks": len(r.prefixes),
+                    "last_error": r.last_error,
+                }
+                for r in state["replicas"].replicas
+            ],
+        }
+
+    @app.get("/metrics")
+    async def router_metrics():
+        for r in state["replicas"].replicas:
+            metrics.healthy.labels(r.url).set(1 if r.healthy else 0)
+            metrics.load.labels(r.url).set(r.load)
+        return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+
+    app.state.router = state
+    return app
+
+
+async def _relay(resp: httpx.Response, replica, metrics: RouterMetrics):
+    """The replica's SSE bytes as they come; a break mid-stream ends the client's stream
+    with an error event (the request is not retried: tokens may have gone out)."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as e:
+        metrics.errors.labels(replica.url, "broken").inc()
+        replica.mark_down(f"{type(e).__name__}: {e}")
+        err = {
+            "error": {
+                "message": f"replica {replica.url} failed mid-stream ({type(e).__name__}); "
+                "the answer is incomplete",
+                "type": "service_unavailable",
+                "param": None,
+                "code": 502,
+            }
+        }
+        yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+    finally:
+        replica.in_flight -= 1
+        await resp.aclose()

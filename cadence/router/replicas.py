@@ -1,0 +1,114 @@
+"""The replicas behind a router: their address, health and load.
+
+Load is what the replica's engine last reported (`/v1/engine/stats`: running + waiting
+sequences, polled every POLL_INTERVAL_S) plus the requests this router has sent it since
+that reading and not seen finish: between two polls a burst still spreads.
+
+Health: a replica whose /health fails (or whose connection fails while the router uses it)
+leaves the rotation at once; the poller brings it back when /health answers 200 again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from cadence.router.prefix_index import PrefixIndex
+
+logger = logging.getLogger("cadence.router")
+
+POLL_INTERVAL_S = 1.0
+POLL_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Replica:
+    url: str
+    index: int
+    healthy: bool = False
+    engine_load: int = 0  # running + waiting, at the last poll
+    in_flight: int = 0  # requests this router is forwarding to it now
+    sent_since_poll: int = 0  # of which started after the last poll
+    prefixes: PrefixIndex = field(default_factory=PrefixIndex)
+    last_error: str | None = None
+    stats: dict = field(default_factory=dict)  # its last /v1/engine/stats
+
+    @property
+    def load(self) -> int:
+        """Sequences it holds, as best known now."""
+        return max(self.engine_load + self.sent_since_poll, self.in_flight)
+
+    def mark_down(self, why: str) -> None:
+        if self.healthy:
+            logger.warning("replica %s is out of rotation: %s", self.url, why)
+        self.healthy = False
+        self.last_error = why
+        # What it held is gone with it (a restarted replica starts cold).
+        self.prefixes.remove_all()
+
+
+class ReplicaSet:
+    def __init__(self, urls: list[str], api_key: str | None = None) -> None:
+        if not urls:
+            raise ValueError("a router needs at least one replica")
+        self.replicas = [Replica(u.rstrip("/"), i) for i, u in enumerate(urls)]
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(None, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        self._task: asyncio.Task | None = None
+
+    def healthy(self) -> list[Replica]:
+        return [r for r in self.replicas if r.healthy]
+
+    async def start(self) -> None:
+        await self.poll_all()
+        self._task = asyncio.create_task(self._poll_forever())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        await self.http.aclose()
+
+    async def wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.healthy()) < len(self.replicas):
+            if time.monotonic() > deadline:
+                down = [r.url for r in self.replicas if not r.healthy]
+                raise TimeoutError(f"replicas not healthy after {timeout_s:g} s: {down}")
+            await asyncio.sleep(0.2)
+            await self.poll_all()
+
+    async def poll_all(self) -> None:
+        await asyncio.gather(*(self._poll(r) for r in self.replicas))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_INTERVAL_S)
+            await self.poll_all()
+
+    async def _poll(self, r: Replica) -> None:
+        try:
+            health = await self.http.get(r.url + "/health", timeout=POLL_TIMEOUT_S)
+            if health.status_code != 200:
+                r.mark_down(f"/health answered {health.status_code}")
+                return
+            stats = await self.http.get(r.url + "/v1/engine/stats", timeout=POLL_TIMEOUT_S)
+            if stats.status_code == 200:
+                r.stats = stats.json()
+                req = r.stats["requests"]
+                r.engine_load = req["running"] + req["waiting"]
+                r.sent_since_poll = 0
+        except (httpx.HTTPError, ValueError, KeyError) as e:
+            r.mark_down(f"/health: {type(e).__name__}: {e}")
+            return
+        if not r.healthy:
+            logger.info("replica %s is in rotation", r.url)
+        r.healthy = True
+        r.last_error = None

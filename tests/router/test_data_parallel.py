@@ -1,0 +1,152 @@
+"""Data parallelism on the CPU with the tiny Llama: `cadence serve -dp 2` (two replicas
+behind its router) and `cadence router` in front of those replicas, under each policy.
+Greedy output equals one engine's; the cache-aware policy keeps a prefix's requests on one
+replica (seen in the replicas' own prefix-hit counters); a replica killed mid-stream ends
+its stream with an error event, leaves the rotation, and the router serves on."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from model_helpers import make_prompts
+from server_helper import Server, children, free_port, metric
+
+ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "512"]
+ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
+POLICIES = ["round-robin", "least-load", "cache-aware"]
+
+
+@pytest.fixture(scope="module")
+def dp(tiny_model_dir):
+    """(the -dp 2 server, its replicas' URLs)."""
+    srv = Server([tiny_model_dir("llama"), *ARGS, "-dp", "2"])
+    try:
+        srv.wait_ready(300)
+        status = httpx.get(srv.url + "/v1/router/replicas").json()
+        assert status["policy"] == "cache-aware" and len(status["replicas"]) == 2
+        yield srv, [r["url"] for r in status["replicas"]]
+    finally:
+        srv.stop()
+
+
+@contextlib.contextmanager
+def router(urls: list[str], policy: str):
+    port = free_port()
+    cmd = [sys.executable, "-m", "cadence.cli.main", "router", "--port", str(port)]
+    cmd += [arg for u in urls for arg in ("--worker", u)] + ["--policy", policy]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def complete(url: str, prompt: list[int], max_tokens: int = 12) -> dict:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def prefix_hits(urls: list[str]) -> list[float]:
+    return [metric(httpx.Client(base_url=u), "cadence:prefix_cache_hits_total") for u in urls]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_greedy_output_equals_one_engine(dp, policy):
+    _, urls = dp
+    prompts = make_prompts(512, [3, 17, 40, 70, 9, 33], seed=11)
+    want = [complete(urls[0], p)["choices"][0]["text"] for p in prompts]  # one engine
+    with router(urls, policy) as url, cf.ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(lambda p: complete(url, p)["choices"][0]["text"], prompts))
+        sent = httpx.get(url + "/metrics").text
+    assert got == want
+    per_replica = [metric_line(sent, "cadence:router_requests_total", u) for u in urls]
+    assert sum(per_replica) == len(prompts)
+    if policy == "round-robin":
+        assert per_replica == [3, 3]
+
+
+def metric_line(text: str, name: str, replica: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'replica="{replica}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_streams_pass_through_the_dp_server(dp):
+    srv, urls = dp
+    prompt = make_prompts(512, [21], seed=12)[0]
+    want = complete(urls[1], prompt, 16)["choices"][0]["text"]
+    body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "stream": True}
+    body["ignore_eos"] = True
+    text, events = "", 0
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                text += json.loads(line[6:])["choices"][0]["text"]
+                events += 1
+    assert text == want and events > 1
+
+
+def shared_prefix_hits(url: str, urls: list[str], seed: int) -> float:
+    """3 system prompts x 4 questions, one at a time: the replicas' prefix-hit tokens."""
+    before = sum(prefix_hits(urls))
+    for g, system in enumerate(make_prompts(512, [96, 96, 96], seed=seed)):
+        for q in make_prompts(512, [8] * 4, seed=seed * 10 + g):
+            complete(url, system + q, 2)
+    return sum(prefix_hits(urls)) - before
+
+
+def test_cache_aware_keeps_a_prefix_on_one_replica(dp):
+    srv, urls = dp
+    # Every question after a group's first finds the 96-token system prompt (6 blocks)
+    # cached: only possible if all four went to the same replica.
+    assert shared_prefix_hits(srv.url, urls, seed=21) == 3 * 3 * 96
+    with router(urls, "round-robin") as url:
+        assert shared_prefix_hits(url, urls, seed=22) < 3 * 3 * 96  # alternating: misses
+    decisions = httpx.get(srv.url + "/metrics").text
+    assert 'cadence:router_decisions_total{reason="cache_hit"} 9.0' in decisions
+
+
+def test_a_replica_killed_mid_stream_fails_its_stream_and_the_router_serves_on(dp):
+    srv, urls = dp
+    body = {"prompt": [5, 6, 7], "max_tokens": 500, "ignore_eos": True, "stream": True}
+    events = []
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: {"):
+                break
+        status = httpx.get(srv.url + "/v1/router/replicas").json()["replicas"]
+        victim = next(rep for rep in status if rep["in_flight"] == 1)
+        # The replicas are the launcher's children, started in the order it lists them.
+        pids = sorted(p for p, cmd in children(srv.proc.pid) if cmd.startswith(b"cadence::api"))
+        assert len(pids) == 2
+        os.kill(pids[urls.index(victim["url"])], signal.SIGKILL)
+        events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2][6:])["error"]
+    assert "failed mid-stream" in error["message"] and error["code"] == 502
+    status = {r["url"]: r for r in httpx.get(srv.url + "/v1/router/replicas").json()["replicas"]}
+    assert not status[victim["url"]]["healthy"]
+    assert httpx.get(srv.url + "/health").status_code == 200
+    for prompt in make_prompts(512, [4, 8, 12], seed=31):  # all on the survivor
+        complete(srv.url, prompt, 4)
