@@ -178,6 +178,9 @@ class EngineConfig:
     cuda_graph_prefill: bool = False  # CUDA graphs of prefill/mixed steps up to 512 tokens
     check_kv_integrity: bool = False  # after every step (tests)
     step_timeline_size: int = 1024  # steps whose phase times the engine keeps (0: none)
+    kv_role: str | None = None  # disaggregated serving: prefill | decode (none: both here)
+    kv_transfer_host: str = "127.0.0.1"  # prefill role: where its K/V server listens
+    kv_transfer_port: int = 0  # prefill role: its port (0: a free one)
     profile_dir: str | None = None  # where POST /start_profile writes torch.profiler traces
 
     def validate(self) -> None:
@@ -190,6 +193,10 @@ class EngineConfig:
             )
         if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
+        if self.kv_role not in (None, "prefill", "decode"):
+            raise ValueError(f"kv_role must be prefill or decode, got {self.kv_role!r}")
+        if self.kv_role and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("--kv-role (disaggregated serving) needs tensor_parallel_size 1")
         if self.step_timeline_size < 0:
             raise ValueError(f"step_timeline_size must be >= 0, got {self.step_timeline_size}")
         if s.max_num_seqs < 1:

@@ -54,9 +54,26 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         "--worker",
         dest="workers",
         action="append",
-        required=True,
+        default=[],
         metavar="URL",
         help="a replica's base URL, e.g. http://127.0.0.1:8001 (repeat the flag)",
+    )
+    parser.add_argument(
+        "--decode",
+        dest="workers",
+        action="append",
+        metavar="URL",
+        help="disaggregated serving: a decode engine (`cadence serve --kv-role decode`); "
+        "same as --worker",
+    )
+    parser.add_argument(
+        "--prefill",
+        dest="prefill",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="disaggregated serving: a prefill engine (`cadence serve --kv-role prefill`); "
+        "each request is prefilled there first, then decoded on a --decode engine",
     )
     parser.add_argument("--host", default="127.0.0.1", help="(default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
@@ -122,12 +139,15 @@ def run_router(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.cache_threshold <= 1.0:
         args.parser.error("--cache-threshold must be in [0, 1]")
+    if not args.workers:
+        args.parser.error("give at least one --worker (or --decode) URL")
     tokenizer = load_router_tokenizer(args.tokenizer, args.workers)
     app = create_router_app(
         args.workers,
         args.router_policy,
         tokenizer,
         startup_timeout_s=args.startup_timeout,
+        prefill_urls=args.prefill or None,
         **policy_kwargs(args),
     )
     logger.info("router listening on http://%s:%d", args.host, args.port)

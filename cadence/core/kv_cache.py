@@ -355,6 +355,7 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVBlock] = (),
         lookahead: int = 0,
+        cache: bool = True,
     ) -> list[KVBlock] | None:
         """Give `request` blocks for its computed tokens plus `num_new_tokens` more, plus
         `lookahead` slots past them (speculative decoding: where a draft model writes the
@@ -362,7 +363,8 @@ class KVCacheManager:
 
         `new_computed_blocks` are prefix-cache hits (from get_computed_blocks) that the
         request takes now. Returns the newly allocated blocks, or None (and changes nothing)
-        if the pool cannot supply them.
+        if the pool cannot supply them. `cache=False`: the new tokens' K/V arrives later
+        than this step's forward (a remote prefill): cache_blocks() names them then.
         """
         held = self.req_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -380,6 +382,15 @@ class KVCacheManager:
         held.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(max(num_needed, 0))
         held.extend(new_blocks)
+        if cache:
+            self.cache_blocks(request, total_tokens)
+        return new_blocks
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Enter the request's full blocks among its first `num_tokens` tokens in the prefix
+        cache (their K/V is, or is being, written)."""
+        held = self.req_blocks.get(request.request_id, [])
+        total_tokens = num_tokens
         if self.pool.tree is not None:
             num_full = min(total_tokens, request.num_tokens) // self.block_size
             if num_full > self.num_cached_blocks.get(request.request_id, 0):
@@ -394,7 +405,6 @@ class KVCacheManager:
             for i in range(start, num_full):
                 self.pool.cache_block(held[i], request.block_hashes[i])
             self.num_cached_blocks[request.request_id] = max(start, num_full)
-        return new_blocks
 
     def free(self, request: Request) -> None:
         """Release every block of a request, tail first, so shared trunks outlive leaves."""

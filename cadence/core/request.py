@@ -76,6 +76,9 @@ class Request:
         # Async scheduling: tokens sampled by a step still in flight (0 or 1). The next
         # step may already compute on them; their ids arrive with the update.
         self.num_placeholders = 0
+        # Disaggregated serving: its prompt's K/V was loaded from (or offered by) another
+        # engine once already; never again (after a preemption it recomputes).
+        self.remote_prefill_done = False
         # Chained hashes of every full block of all_token_ids, extended as tokens arrive.
         self._block_hasher = block_hasher
         self.block_hashes: list[bytes] = []

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
 from cadence.core.policies import make_policy
+from cadence.core.remote_prefill import RemotePrefills
 from cadence.core.request import FINISH_REASONS, Request, RequestStatus
 from cadence.core.scheduler_output import (
     CachedRequestData,
@@ -72,6 +73,8 @@ class Scheduler:
         self._seen_by_worker: set[str] = set()
         self.policy = make_policy(config.scheduling_policy, config.scheduling_aging_steps)
         self.step_count = 0
+        # Disaggregated serving (remote_prefill.py): set by the engine with --kv-role.
+        self.remote: RemotePrefills | None = None
 
     # ---- queue management -------------------------------------------------------------
 
@@ -91,6 +94,12 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue
+            if self.remote is not None and rid in self.remote.loading:
+                self.remote.cancel(req)  # its blocks go when the load ends
+                req.status = status
+                del self.requests[rid]
+                aborted.append(req)
+                continue
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
             else:
@@ -100,7 +109,7 @@ class Scheduler:
         return aborted
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or (self.remote and self.remote.loading))
 
     @property
     def num_unfinished(self) -> int:
@@ -115,6 +124,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
+        if self.remote is not None and self.remote.loading:
+            self.waiting.extendleft(reversed(self.remote.collect()))
         self._order_waiting()
         priority_preempted = self._preempt_for_priority() if self.policy.preemptive else []
 
@@ -159,18 +170,21 @@ class Scheduler:
             hits, num_hit_tokens = [], 0
             if req.num_computed_tokens == 0:
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
+                if self.remote is not None and self.remote.wants_load(req):
+                    started = self.remote.try_start(req, hits, num_hit_tokens)
+                    if started is None:
+                        break  # no room for its blocks: FCFS waits
+                    if started:  # loading in the background; back in the queue when done
+                        self.waiting.popleft()
+                        self._count_lookup(req, num_hit_tokens)
+                        continue
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
             blocks = self.kv.allocate_slots(req, num_new, hits, self.num_lookahead_tokens)
             if blocks is None:
                 break  # FCFS: nobody jumps the queue for lack of memory
             self.waiting.popleft()
-            if req.status == RequestStatus.WAITING:
-                req.num_cached_prompt_tokens = num_hit_tokens
-                req.first_scheduled_time = time.time()
-            self.kv.stats.queries += req.num_tokens
-            self.kv.stats.hits += num_hit_tokens
-            self.kv.stats.requests += 1
-            self.kv.stats.hit_requests += num_hit_tokens > 0
+            if req.num_computed_tokens == 0:  # (else its prompt came from a remote prefill)
+                self._count_lookup(req, num_hit_tokens)
             req.num_computed_tokens += num_hit_tokens
             was_preempted = req.status == RequestStatus.PREEMPTED
             req.status = RequestStatus.RUNNING
@@ -225,6 +239,16 @@ class Scheduler:
         assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
         assert len(self.running) <= self.config.max_num_seqs
         return out
+
+    def _count_lookup(self, req: Request, num_hit_tokens: int) -> None:
+        """A request's prefix-cache lookup at admission (once per admission)."""
+        if req.status == RequestStatus.WAITING and req.first_scheduled_time is None:
+            req.num_cached_prompt_tokens = num_hit_tokens
+            req.first_scheduled_time = time.time()
+        self.kv.stats.queries += req.num_tokens
+        self.kv.stats.hits += num_hit_tokens
+        self.kv.stats.requests += 1
+        self.kv.stats.hit_requests += num_hit_tokens > 0
 
     def _drafts_to_verify(self, req: Request, num_new: int, budget: int) -> list[int]:
         """The draft tokens `req` verifies this step: its proposals, if it is decoding (one
@@ -376,6 +400,8 @@ class Scheduler:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status
+        if self.remote is not None and status != RequestStatus.FINISHED_ABORTED:
+            self.remote.on_finish(req)  # a prefill engine stages the prompt's K/V
         self.kv.free(req)
         del self.requests[req.request_id]
         self._seen_by_worker.discard(req.request_id)
@@ -387,7 +413,7 @@ class Scheduler:
             preempted = sum(r.status == RequestStatus.PREEMPTED for r in self.waiting)
         return SchedulerStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting),
+            num_waiting=len(self.waiting) + (len(self.remote.loading) if self.remote else 0),
             num_preempted=preempted,
             kv_blocks_cached=self.kv.num_cached_free_blocks,
             kv_usage=self.kv.usage,

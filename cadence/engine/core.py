@@ -27,6 +27,7 @@ from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
 from cadence.engine import step_timeline as tl
 from cadence.executor import make_executor
+from cadence.kv_transfer.connector import check_kv_transfer_params
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager
 from cadence.worker.model_runner import pick_device
@@ -74,6 +75,13 @@ class EngineCore:
             cache.prefix_cache,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens)
+        self.kv_connector = None  # disaggregated serving: moves prompt K/V between engines
+        if config.kv_role is not None:
+            from cadence.core.remote_prefill import RemotePrefills
+            from cadence.kv_transfer import make_connector
+
+            self.kv_connector = make_connector(config, self.runner.kv_caches)
+            self.scheduler.remote = RemotePrefills(self.kv_connector, self.kv)
         hashed = cache.enable_prefix_caching and cache.prefix_cache == "hash"
         self._hasher = make_block_hasher(cache.block_size) if hashed else None
         self.eos_token_ids = self.runner.eos_token_ids
@@ -119,6 +127,7 @@ class EngineCore:
     ) -> Request:
         """Validate and queue one sequence. Raises ValueError naming the problem."""
         params.verify(self.vocab_size)
+        check_kv_transfer_params(params.kv_transfer_params)
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         n = len(prompt_token_ids)
@@ -324,6 +333,9 @@ class EngineCore:
         if self._awaiting_grammar:
             self._admit_compiled()
         sched = self.scheduler.schedule()
+        remote = self.scheduler.remote
+        if sched.is_empty and self._in_flight is None and remote is not None and remote.loading:
+            time.sleep(0.0005)  # only K/V loads pending: let the loader run, do not spin
         if self._stale_in_runner:  # left behind by a failed step (fail_step)
             sched.finished_ids.extend(self._stale_in_runner)
             self._stale_in_runner = []
@@ -372,7 +384,10 @@ class EngineCore:
                 )
 
     def shutdown(self) -> None:
-        """Stop the model's other ranks (tensor parallelism); idempotent."""
+        """Stop the model's other ranks (tensor parallelism) and the K/V connector."""
+        if self.kv_connector is not None:
+            self.kv_connector.close()
+            self.kv_connector = None
         self.runner.shutdown()
 
     def stats(self) -> SchedulerStats:

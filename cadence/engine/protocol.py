@@ -81,6 +81,7 @@ class EngineReady(msgspec.Struct, array_like=True, tag="ready"):
     eos_token_ids: list[int]
     num_blocks: int
     block_size: int
+    kv_transfer_addr: str = ""  # a prefill engine's K/V server (--kv-role prefill)
 
 
 class EngineCall(msgspec.Struct, array_like=True):

@@ -215,6 +215,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             "speculative_config": None
             if config.speculative is None
             else dataclasses.asdict(config.speculative),
+            "kv_transfer": None
+            if config.kv_role is None
+            else {"role": config.kv_role, "addr": state["ready"].kv_transfer_addr},
         }
 
     @app.get("/metrics")

@@ -97,6 +97,8 @@ class _SamplingFields(_Base):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None
+    # Disaggregated prefill/decode (vLLM's field; set by `cadence router --prefill ...`)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self):
@@ -143,6 +145,7 @@ class _SamplingFields(_Base):
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             structured_outputs=self.structured_params(),
+            kv_transfer_params=self.kv_transfer_params,
         )
 
     def structured_params(self) -> StructuredOutputsParams | None:

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from cadence.router.disagg import prefill_remotely
 from cadence.router.policies import Choice, make_policy
 from cadence.router.prefix_index import chunk_keys
 from cadence.router.replicas import ReplicaSet
@@ -105,26 +106,37 @@ def create_router_app(
     policy: str = "cache-aware",
     tokenizer=None,
     startup_timeout_s: float = 0.0,
+    prefill_urls: list[str] | None = None,
     **policy_kw,
 ) -> FastAPI:
-    """`tokenizer`: encodes prompt text for the prefix indexes (None: 4 bytes a token, a
-    rough stand-in that still groups equal prefixes)."""
-    chooser = make_policy(policy, **policy_kw)
+    """`urls`: the replicas that answer (with `prefill_urls`, the decode engines of a
+    disaggregated deployment: disagg.py). `tokenizer`: encodes prompt text for the prefix
+    indexes (None: 4 bytes a token, a rough stand-in that still groups equal prefixes)."""
+    choosers = {
+        "decode": make_policy(policy, **policy_kw),
+        "prefill": make_policy(policy, **policy_kw),
+    }
     metrics = RouterMetrics()
     state: dict = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        replicas = ReplicaSet(urls)
-        state["replicas"] = replicas
-        if startup_timeout_s:
-            await replicas.wait_healthy(startup_timeout_s)
-        await replicas.start()
-        logger.info("routing %s over %d replicas: %s", policy, len(urls), ", ".join(urls))
+        sets = {"decode": ReplicaSet(urls)}
+        if prefill_urls:
+            sets["prefill"] = ReplicaSet(prefill_urls)
+        state["replicas"] = sets["decode"]
+        state["prefill"] = sets.get("prefill")
+        for replicas in sets.values():
+            if startup_timeout_s:
+                await replicas.wait_healthy(startup_timeout_s)
+            await replicas.start()
+        what = f"{len(prefill_urls)} prefill + {len(urls)} decode" if prefill_urls else len(urls)
+        logger.info("routing %s over %s replicas", policy, what)
         try:
             yield
         finally:
-            await replicas.close()
+            for replicas in sets.values():
+                await replicas.close()
 
     app = FastAPI(title="Cadence router", lifespan=lifespan)
 
@@ -139,11 +151,14 @@ def create_router_app(
             ids = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4)]
         return chunk_keys(ids), len(ids)
 
-    def route(keys: list[bytes], num_tokens: int, exclude: set[int]) -> Choice | None:
-        replicas = [r for r in state["replicas"].healthy() if r.index not in exclude]
+    def route(
+        keys: list[bytes], num_tokens: int, exclude: set[int], role: str = "decode"
+    ) -> Choice | None:
+        rset = state["replicas"] if role == "decode" else state["prefill"]
+        replicas = [r for r in rset.healthy() if r.index not in exclude]
         if not replicas:
             return None
-        choice = chooser.choose(replicas, keys)
+        choice = choosers[role].choose(replicas, keys)
         r = choice.replica
         r.prefixes.insert(keys)
         metrics.requests.labels(r.url).inc()
@@ -163,6 +178,21 @@ def create_router_app(
         keys, num_tokens = await asyncio.to_thread(keys_for, path, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         replicas: ReplicaSet = state["replicas"]
+        if state["prefill"] is not None:
+
+            def route_prefill(rset, tried):
+                choice = route(keys, num_tokens, tried, "prefill")
+                return choice.replica if choice else None
+
+            params, failed = await prefill_remotely(
+                state["prefill"], route_prefill, path, body, headers, metrics
+            )
+            if failed is not None:
+                return failed
+            if params is not None:
+                body["kv_transfer_params"] = params
+                raw = json.dumps(body).encode()
+                headers["content-type"] = "application/json"
         tried: set[int] = set()
         while True:
             choice = route(keys, num_tokens, tried)
@@ -227,8 +257,13 @@ def create_router_app(
 
     @app.get("/v1/router/replicas")
     async def replica_status():
+        prefill = state["prefill"].replicas if state["prefill"] is not None else []
         return {
             "policy": policy,
+            "prefill": [
+                {"url": r.url, "healthy": r.healthy, "load": r.load, "in_flight": r.in_flight}
+                for r in prefill
+            ],
             "replicas": [
                 {
                     "url": r.url,

@@ -36,6 +36,7 @@ class Replica:
     prefixes: PrefixIndex = field(default_factory=PrefixIndex)
     last_error: str | None = None
     stats: dict = field(default_factory=dict)  # its last /v1/engine/stats
+    info: dict = field(default_factory=dict)  # its /version (read when it joins)
 
     @property
     def load(self) -> int:
@@ -109,6 +110,12 @@ class ReplicaSet:
             r.mark_down(f"/health: {type(e).__name__}: {e}")
             return
         if not r.healthy:
+            try:
+                version = await self.http.get(r.url + "/version", timeout=POLL_TIMEOUT_S)
+                r.info = version.json() if version.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError) as e:
+                r.mark_down(f"/version: {type(e).__name__}: {e}")
+                return
             logger.info("replica %s is in rotation", r.url)
         r.healthy = True
         r.last_error = None

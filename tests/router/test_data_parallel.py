@@ -7,18 +7,15 @@ its stream with an error event, leaves the rotation, and the router serves on.""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 from model_helpers import make_prompts
-from server_helper import Server, children, free_port, metric
+from router_helper import router
+from server_helper import Server, children, metric
 
 ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "512"]
 ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
@@ -36,25 +33,6 @@ def dp(tiny_model_dir):
         yield srv, [r["url"] for r in status["replicas"]]
     finally:
         srv.stop()
-
-
-@contextlib.contextmanager
-def router(urls: list[str], policy: str):
-    port = free_port()
-    cmd = [sys.executable, "-m", "cadence.cli.main", "router", "--port", str(port)]
-    cmd += [arg for u in urls for arg in ("--worker", u)] + ["--policy", policy]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def complete(url: str, prompt: list[int], max_tokens: int = 12) -> dict:

@@ -1,0 +1,103 @@
+"""The scheduler's side of disaggregated serving (cadence/kv_transfer/connector.py).
+
+Decode engine: a waiting request whose prompt another engine computed
+(`kv_transfer_params.do_remote_prefill`) takes its local prefix-cache hits, then blocks for
+the rest of its prompt but the last token, and leaves the waiting queue while the connector
+loads that K/V in the background. When the load ends it goes back to the front of the
+queue with those tokens computed (and their blocks entered in the prefix cache only then,
+so no other request reads K/V that has not arrived); the next step computes its last prompt
+token and samples. A failed load frees the blocks and the request computes its prompt here.
+An aborted request keeps its blocks until its load ends (the loader may be writing them).
+
+Prefill engine: a finished request that wants a remote decode has its prompt's K/V staged
+by the connector before its blocks are freed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from cadence.kv_transfer.connector import wants_remote_decode, wants_remote_prefill
+
+if TYPE_CHECKING:
+    from cadence.core.kv_cache import KVBlock, KVCacheManager
+    from cadence.core.request import Request
+
+logger = logging.getLogger(__name__)
+
+
+class RemotePrefills:
+    def __init__(self, connector, kv: KVCacheManager) -> None:
+        self.connector = connector
+        self.kv = kv
+        self.loading: dict[str, tuple[Request, int]] = {}  # request id -> (request, end)
+        self.cancelled: set[str] = set()
+        self.num_loaded_tokens = 0  # since start
+        self.num_failed_loads = 0
+
+    # ---- decode side ------------------------------------------------------------------
+
+    def wants_load(self, req: Request) -> bool:
+        return (
+            not req.remote_prefill_done
+            and req.num_computed_tokens == 0
+            and wants_remote_prefill(req.sampling_params.kv_transfer_params)
+        )
+
+    def try_start(self, req: Request, hits: list[KVBlock], num_hit_tokens: int) -> bool | None:
+        """Start loading the prompt past the local hits. True: started (the request leaves
+        the waiting queue); False: nothing to load; None: no room in the pool now."""
+        end = req.num_prompt_tokens - 1
+        num_remote = end - num_hit_tokens
+        if num_remote <= 0:
+            req.remote_prefill_done = True
+            return False
+        if self.kv.allocate_slots(req, num_remote, hits, cache=False) is None:
+            return None
+        req.remote_prefill_done = True
+        req.num_computed_tokens = num_hit_tokens
+        self.loading[req.request_id] = (req, end)
+        self.connector.start_load(
+            req.request_id,
+            req.sampling_params.kv_transfer_params,
+            self.kv.get_block_ids(req.request_id),
+            num_hit_tokens,
+            end,
+        )
+        return True
+
+    def collect(self) -> list[Request]:
+        """Requests whose load ended, ready to schedule again (front of the queue)."""
+        ready = []
+        for rid, err in self.connector.finished_loads():
+            req, end = self.loading.pop(rid)
+            if rid in self.cancelled:
+                self.cancelled.discard(rid)
+                self.kv.free(req)
+                continue
+            if err is None:
+                self.num_loaded_tokens += end - req.num_computed_tokens
+                req.num_computed_tokens = end
+                self.kv.cache_blocks(req, end)
+            else:
+                self.num_failed_loads += 1
+                logger.warning("request %s: K/V load failed (%s); computing its prompt", rid, err)
+                self.kv.free(req)
+                req.num_computed_tokens = 0
+            ready.append(req)
+        return ready
+
+    def cancel(self, req: Request) -> None:
+        """An abort while loading: its blocks are freed when the load ends."""
+        self.cancelled.add(req.request_id)
+
+    # ---- prefill side -----------------------------------------------------------------
+
+    def on_finish(self, req: Request) -> None:
+        params = req.sampling_params.kv_transfer_params
+        if wants_remote_decode(params):
+            num_tokens = min(req.num_computed_tokens, req.num_prompt_tokens)
+            block_ids = self.kv.get_block_ids(req.request_id)
+            num_blocks = -(-num_tokens // self.kv.block_size)
+            self.connector.save(params["transfer_id"], block_ids[:num_blocks], num_tokens)

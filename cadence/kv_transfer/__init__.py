@@ -1,0 +1,12 @@
+"""Prompt K/V moved between engines: disaggregated prefill and decode (connector.py)."""
+
+from __future__ import annotations
+
+
+def make_connector(config, kv_caches: list):
+    """The connector of an engine started with --kv-role (TCP over ZMQ)."""
+    from cadence.kv_transfer.connector import KVLayers
+    from cadence.kv_transfer.tcp import TcpKVConnector
+
+    layers = KVLayers(kv_caches, config.cache.block_size)
+    return TcpKVConnector(layers, config.kv_role, config.kv_transfer_host, config.kv_transfer_port)

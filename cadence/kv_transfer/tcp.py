@@ -1,0 +1,183 @@
+"""The TCP connector (ZMQ): a prefill engine serves staged K/V, a decode engine fetches it.
+
+    prefill:  save()  copies the finished request's blocks to host memory, layer by layer,
+              and keeps them under its transfer id (at most MAX_STAGED_BYTES in all, the
+              oldest dropped first) until a decode engine asks; a thread answers on a ROUTER
+              socket: [transfer id, first block, block count] -> [header, one frame per layer]
+    decode:   start_load() hands the fetch to a loader thread, which writes each layer's
+              frame into the request's blocks as it reads them; finished_loads() tells the
+              scheduler. The engine keeps stepping other requests meanwhile.
+
+Works between hosts and on one host (127.0.0.1), CPU or GPU (through host memory).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import zmq
+
+from cadence.kv_transfer.connector import DECODE, PREFILL, KVLayers
+
+logger = logging.getLogger(__name__)
+
+MAX_STAGED_BYTES = 4 << 30  # K/V a prefill engine keeps for decode engines to fetch
+LOAD_TIMEOUT_S = 30.0  # a fetch that takes longer fails (the request computes locally)
+POLL_MS = 200
+
+
+class TcpKVConnector:
+    def __init__(self, layers: KVLayers, role: str, host: str = "127.0.0.1", port: int = 0) -> None:
+        if role not in (PREFILL, DECODE):
+            raise ValueError(f"kv_role must be prefill or decode, got {role!r}")
+        self.layers = layers
+        self.role = role
+        self.addr = ""
+        self._ctx = zmq.Context()
+        self._closed = threading.Event()
+        self._staged: OrderedDict[str, tuple[int, list[torch.Tensor], int]] = OrderedDict()
+        self._staged_bytes = 0
+        self._lock = threading.Lock()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._loader = None
+        if role == PREFILL:
+            sock = self._ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if port:
+                sock.bind(f"tcp://{host}:{port}")
+            else:
+                port = sock.bind_to_random_port(f"tcp://{host}")
+            self.addr = f"tcp://{host}:{port}"
+            self._server = threading.Thread(
+                target=self._serve, args=(sock,), name="cadence-kv-server", daemon=True
+            )
+            self._server.start()
+            logger.info("KV transfer (prefill side) serving staged K/V on %s", self.addr)
+        else:
+            self._loader = ThreadPoolExecutor(2, thread_name_prefix="cadence-kv-load")
+
+    # ---- prefill side -----------------------------------------------------------------
+
+    def save(self, transfer_id: str, block_ids: list[int], num_tokens: int) -> None:
+        tensors = list(self.layers.gather_layers(block_ids))
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        with self._lock:
+            old = self._staged.pop(transfer_id, None)
+            if old is not None:
+                self._staged_bytes -= old[2]
+            self._staged[transfer_id] = (num_tokens, tensors, nbytes)
+            self._staged_bytes += nbytes
+            while self._staged_bytes > MAX_STAGED_BYTES and len(self._staged) > 1:
+                dropped, (_, _, size) = self._staged.popitem(last=False)
+                self._staged_bytes -= size
+                logger.warning("KV transfer %s dropped unfetched (staging full)", dropped)
+
+    @property
+    def num_staged(self) -> int:
+        return len(self._staged)
+
+    def _take(self, transfer_id: str):
+        with self._lock:
+            entry = self._staged.pop(transfer_id, None)
+            if entry is not None:
+                self._staged_bytes -= entry[2]
+        return entry
+
+    def _serve(self, sock: zmq.Socket) -> None:
+        while not self._closed.is_set():
+            if not sock.poll(POLL_MS):
+                continue
+            ident, tid, first, count = sock.recv_multipart()
+            entry = self._take(tid.decode())
+            if entry is None:
+                header = {"ok": False, "error": f"no staged K/V for transfer {tid.decode()!r}"}
+                sock.send_multipart([ident, json.dumps(header).encode()])
+                continue
+            num_tokens, tensors, _ = entry
+            lo, n = int(first), int(count)
+            if lo + n > tensors[0].shape[1]:
+                header = {"ok": False, "error": f"blocks [{lo}, {lo + n}) of {tensors[0].shape[1]}"}
+                sock.send_multipart([ident, json.dumps(header).encode()])
+                continue
+            header = {
+                "ok": True,
+                "num_tokens": num_tokens,
+                "block_size": self.layers.block_size,
+                "layout": self.layers.layout(),
+                "num_blocks": n,
+            }
+            frames = [t[:, lo : lo + n].contiguous().view(torch.uint8).numpy() for t in tensors]
+            sock.send_multipart([ident, json.dumps(header).encode(), *frames], copy=False)
+        sock.close(linger=0)
+
+    # ---- decode side ------------------------------------------------------------------
+
+    def start_load(
+        self, request_id: str, params: dict, block_ids: list[int], start: int, end: int
+    ) -> None:
+        """Fetch the K/V of tokens [start, end) (start a multiple of the block size) into
+        the request's blocks (`block_ids`: all of them, from token 0)."""
+        bs = self.layers.block_size
+        first, last = start // bs, -(-end // bs)
+        self._loader.submit(
+            self._load,
+            request_id,
+            params["remote_addr"],
+            params["transfer_id"],
+            first,
+            block_ids[first:last],
+        )
+
+    def _load(self, request_id: str, addr: str, tid: str, first: int, dst: list[int]) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(addr)
+            sock.send_multipart([tid.encode(), str(first).encode(), str(len(dst)).encode()])
+            if not sock.poll(int(LOAD_TIMEOUT_S * 1000)):
+                raise TimeoutError(f"no answer from {addr} in {LOAD_TIMEOUT_S:g} s")
+            header, *frames = sock.recv_multipart(copy=False)
+            info = json.loads(header.bytes)
+            if not info["ok"]:
+                raise RuntimeError(info["error"])
+            layout = self.layers.layout()
+            if (
+                info["block_size"] != self.layers.block_size
+                or [[list(s), d] for s, d in layout] != info["layout"]
+            ):
+                raise RuntimeError("the prefill engine's K/V layout differs from this one's")
+            if len(frames) != len(layout):
+                raise RuntimeError(f"{len(frames)} layers sent, {len(layout)} expected")
+            for layer, (frame, (shape, dtype)) in enumerate(zip(frames, layout)):
+                raw = torch.frombuffer(bytearray(frame.buffer), dtype=torch.uint8)
+                kv = raw.view(getattr(torch, dtype)).view(2, len(dst), *shape[1:])
+                self.layers.scatter_layer(layer, dst, kv)
+            if torch.cuda.is_available() and self.layers.kv_caches[0].is_cuda:
+                torch.cuda.synchronize(self.layers.kv_caches[0].device)
+            self._done.put((request_id, None))
+        except Exception as e:  # any failure: the request computes its prompt locally
+            self._done.put((request_id, f"{type(e).__name__}: {e}"))
+        finally:
+            sock.close(linger=0)
+
+    def finished_loads(self) -> list[tuple[str, str | None]]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._loader is not None:
+            self._loader.shutdown(wait=True, cancel_futures=False)
+        if self.role == PREFILL:
+            self._server.join(2)
+        self._ctx.term()

@@ -1,0 +1,119 @@
+"""Disaggregated prefill/decode between two engines in one process, over the TCP connector:
+the decode engine's float32 greedy output equals transformers', whatever the prompt length
+(one block or many), with prefix-cache hits on either side, a failed transfer (it computes
+the prompt itself) or an abort while loading; and it computes only each prompt's last
+token itself."""
+
+from __future__ import annotations
+
+import pytest
+from model_helpers import hf_greedy, make_prompts
+
+from cadence import LLM, SamplingParams
+
+NEW_TOKENS = 12
+ENGINE = dict(dtype="float32", num_gpu_blocks_override=128, check_kv_integrity=True)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir):
+    path = tiny_model_dir("llama")
+    prefill = LLM(path, kv_role="prefill", **ENGINE)
+    decode = LLM(path, kv_role="decode", **ENGINE)
+    yield path, prefill.engine, decode.engine
+    prefill.engine.shutdown()
+    decode.engine.shutdown()
+
+
+def run(core, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {rid: [] for rid in requests}
+    for rid, (prompt, params) in requests.items():
+        core.add_request(rid, prompt, params)
+    while core.has_unfinished_requests():
+        for u in core.step():
+            out[u.request_id] += u.new_token_ids
+    return out
+
+
+def disaggregated(prefill, decode, prompts: list[list[int]], tag: str, tids=None) -> list:
+    addr = prefill.kv_connector.addr
+    tids = tids or [f"{tag}-{i}" for i in range(len(prompts))]
+    first = {}
+    for i, p in enumerate(prompts):
+        params = SamplingParams(temperature=0, max_tokens=1)
+        params.kv_transfer_params = {"do_remote_decode": True, "transfer_id": f"{tag}-{i}"}
+        first[f"p-{tag}-{i}"] = (p, params)
+    run(prefill, first)
+    assert prefill.kv_connector.num_staged >= len(prompts)
+    second = {}
+    for i, (p, tid) in enumerate(zip(prompts, tids)):
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        params.kv_transfer_params = {
+            "do_remote_prefill": True,
+            "remote_addr": addr,
+            "transfer_id": tid,
+        }
+        second[f"d-{tag}-{i}"] = (p, params)
+    out = run(decode, second)
+    return [out[f"d-{tag}-{i}"] for i in range(len(prompts))]
+
+
+def test_decode_engine_output_equals_transformers(engines, hf_model):
+    path, prefill, decode = engines
+    prompts = make_prompts(512, [5, 17, 40, 64, 33], seed=41)
+    want = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    before = decode.timeline.num_steps
+    loaded = decode.scheduler.remote.num_loaded_tokens
+    assert disaggregated(prefill, decode, prompts, "a") == want
+    # The decode engine computed one prompt token per request; the rest was loaded.
+    steps = decode.timeline.snapshot(since=before)
+    assert sum(s["prefill_tokens"] for s in steps) == len(prompts)
+    assert decode.scheduler.remote.num_loaded_tokens - loaded == sum(len(p) - 1 for p in prompts)
+
+
+def test_prefix_hits_on_both_sides(engines, hf_model):
+    path, prefill, decode = engines
+    trunk = make_prompts(512, [48], seed=42)[0]
+    first = [trunk + q for q in make_prompts(512, [7, 20], seed=43)]
+    later = [trunk + q for q in make_prompts(512, [9, 26], seed=44)]
+    assert disaggregated(prefill, decode, first, "b") == [
+        hf_greedy(hf_model(path), p, NEW_TOKENS) for p in first
+    ]
+    hits_p, hits_d = prefill.kv.stats.hits, decode.kv.stats.hits
+    loaded = decode.scheduler.remote.num_loaded_tokens
+    assert disaggregated(prefill, decode, later, "c") == [
+        hf_greedy(hf_model(path), p, NEW_TOKENS) for p in later
+    ]
+    assert prefill.kv.stats.hits - hits_p >= 2 * 48  # the prefill engine reused the trunk
+    assert decode.kv.stats.hits - hits_d >= 2 * 48  # and the decode engine had it already
+    assert decode.scheduler.remote.num_loaded_tokens - loaded == sum(len(p) - 1 - 48 for p in later)
+
+
+def test_a_failed_transfer_computes_the_prompt_locally(engines, hf_model):
+    path, prefill, decode = engines
+    prompts = make_prompts(512, [30], seed=45)
+    failed = decode.scheduler.remote.num_failed_loads
+    out = disaggregated(prefill, decode, prompts, "e", tids=["no-such-transfer"])
+    assert out == [hf_greedy(hf_model(path), prompts[0], NEW_TOKENS)]
+    assert decode.scheduler.remote.num_failed_loads == failed + 1
+
+
+def test_an_abort_while_loading_frees_the_blocks_when_the_load_ends(engines):
+    _, prefill, decode = engines
+    prompt = make_prompts(512, [70], seed=46)[0]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    params.kv_transfer_params = {"do_remote_decode": True, "transfer_id": "f"}
+    run(prefill, {"pf": (prompt, params)})
+    params = SamplingParams(temperature=0, max_tokens=4)
+    params.kv_transfer_params = {
+        "do_remote_prefill": True,
+        "remote_addr": prefill.kv_connector.addr,
+        "transfer_id": "f",
+    }
+    decode.add_request("df", prompt, params)
+    decode.step()  # starts the load
+    assert "df" in decode.scheduler.remote.loading
+    decode.abort(["df"])
+    while decode.has_unfinished_requests():
+        assert decode.step() == []
+    assert decode.kv.num_free_blocks == decode.kv.pool.num_blocks

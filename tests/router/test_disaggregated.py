@@ -1,0 +1,95 @@
+"""Disaggregated prefill/decode on the CPU: `cadence serve --kv-role prefill`, `cadence serve
+--kv-role decode` and `cadence router --prefill URL --decode URL`, the K/V moving over the
+TCP connector. Float32 greedy output equals a single engine's, streamed or not, for prompts
+of one block or many, and prefix caches hit on both sides."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from model_helpers import make_prompts
+from router_helper import router
+from server_helper import Server, metric
+
+ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "256"]
+ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def pd(tiny_model_dir):
+    """(router URL, prefill server, decode server)."""
+    servers = [
+        Server([tiny_model_dir("llama"), *ARGS, "--kv-role", role])
+        for role in ("prefill", "decode")
+    ]
+    try:
+        for s in servers:
+            s.wait_ready(300)
+        prefill, decode = servers
+        assert (
+            httpx.get(prefill.url + "/version").json()["kv_transfer"]["addr"].startswith("tcp://")
+        )
+        with router([decode.url], "cache-aware", prefill=[prefill.url]) as url:
+            yield url, prefill, decode
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def complete(url: str, prompt, stream: bool = False, max_tokens: int = 12) -> str:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if not stream:
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+    text = ""
+    with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                text += json.loads(line[6:])["choices"][0]["text"]
+    return text
+
+
+def prefill_tokens_since(server: Server, step: int) -> int:
+    steps = httpx.get(server.url + "/v1/engine/steps", params={"since": step, "limit": 10000})
+    return sum(s["prefill_tokens"] for s in steps.json()["steps"])
+
+
+def last_step(server: Server) -> int:
+    return httpx.get(server.url + "/v1/engine/stats").json()["num_steps"]
+
+
+def test_output_equals_a_single_engine(pd):
+    url, prefill, decode = pd
+    prompts = make_prompts(512, [5, 17, 40, 64, 100], seed=51)
+    want = [complete(decode.url, p) for p in prompts]  # the decode engine alone
+    mark = last_step(decode)
+    got = [complete(url, p, stream=i % 2 == 1) for i, p in enumerate(prompts)]
+    assert got == want
+    # Through the router the decode engine computed only each prompt's last token.
+    assert prefill_tokens_since(decode, mark) == len(prompts)
+
+
+def test_prefix_caches_hit_on_both_sides(pd):
+    url, prefill, decode = pd
+    trunk = make_prompts(512, [64], seed=52)[0]
+    prompts = [trunk + q for q in make_prompts(512, [6, 9, 12], seed=53)]
+    hits = [
+        metric(httpx.Client(base_url=s.url), "cadence:prefix_cache_hits_total")
+        for s in (prefill, decode)
+    ]
+    want = [complete(decode.url, p) for p in prompts]  # also leaves the trunk in its cache
+    after_ref = metric(httpx.Client(base_url=decode.url), "cadence:prefix_cache_hits_total")
+    assert [complete(url, p) for p in prompts] == want
+    prefill_hits = metric(httpx.Client(base_url=prefill.url), "cadence:prefix_cache_hits_total")
+    decode_hits = metric(httpx.Client(base_url=decode.url), "cadence:prefix_cache_hits_total")
+    assert prefill_hits - hits[0] >= 2 * 64  # the 2nd and 3rd prompts reuse the trunk there
+    assert decode_hits - after_ref >= 3 * 64  # the decode engine loads only past its trunk
+
+
+def test_a_bad_request_is_answered_by_the_prefill_engine(pd):
+    url, _, _ = pd
+    r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["message"]
