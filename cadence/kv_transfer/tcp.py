@@ -17,6 +17,7 @@ import json
 import logging
 import queue
 import threading
+import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
@@ -155,7 +156,9 @@ class TcpKVConnector:
             if len(frames) != len(layout):
                 raise RuntimeError(f"{len(frames)} layers sent, {len(layout)} expected")
             for layer, (frame, (shape, dtype)) in enumerate(zip(frames, layout)):
-                raw = torch.frombuffer(bytearray(frame.buffer), dtype=torch.uint8)
+                with warnings.catch_warnings():  # read-only, and only read: no copy
+                    warnings.simplefilter("ignore", UserWarning)
+                    raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
                 kv = raw.view(getattr(torch, dtype)).view(2, len(dst), *shape[1:])
                 self.layers.scatter_layer(layer, dst, kv)
             if torch.cuda.is_available() and self.layers.kv_caches[0].is_cuda:

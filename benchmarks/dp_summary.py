@@ -1,0 +1,26 @@
+"""One line per `cadence bench serve` result (+ its .hits.json): throughput, TTFT/ITL p99,
+prefix hit rate. `python benchmarks/dp_summary.py DIR NAME...`"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main() -> None:
+    folder, names = sys.argv[1], sys.argv[2:]
+    for name in names:
+        run = json.load(open(os.path.join(folder, name + ".json")))["runs"][0]
+        s = run.get("summary", run)
+        hits_path = os.path.join(folder, name + ".hits.json")
+        hit = json.load(open(hits_path))["hit_rate"] if os.path.exists(hits_path) else None
+        print(
+            f"{name:<24} req/s {s['request_throughput']:7.2f}  out tok/s {s['output_throughput']:8.1f}"
+            f"  TTFT p99 {s['p99_ttft_ms']:8.1f} ms  ITL p99 {s['p99_itl_ms']:7.1f} ms"
+            + (f"  hit rate {100 * hit:5.1f} %" if hit is not None else "")
+        )
+
+
+if __name__ == "__main__":
+    main()
