@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 20 on 2 H200s (nvidia-h200-x2), Llama-3.1-8B's shape with dummy weights (the model
+# folder .gpu-smoke/llama8b: its config.json and SmolLM2's tokenizer; build it and the
+# wheels with benchmarks/device_wheels.sh, the workload with benchmarks/pd_mix_dataset.py
+# build/pd_mix.jsonl; carry .whl, .gpu-smoke and build/pd_mix.jsonl). Logs under $OUT.
+#   PARTS=dp   -dp 2, round-robin vs cache-aware, shared-prefix load under cache pressure
+#              (32 system prompts of 2,048 tokens x 8 questions; 4,096 KV blocks a replica)
+#   PARTS=pd   a mix of short chats (256 -> 128) and 5 % long prompts (8,000 -> 128) at a
+#              fixed 8 requests/s: -dp 2 (co-located, least-load) vs 1 prefill GPU + 1
+#              decode GPU (cadence router --prefill --decode)
+set -uo pipefail
+OUT=${OUT:-h200-out}
+mkdir -p "$OUT"
+source benchmarks/device_env.sh
+M=.gpu-smoke/llama8b
+COMMON=(--load-format dummy --dtype bfloat16 --max-model-len 16384)
+CLI=(python3 -m cadence.cli.main)
+PARTS=${PARTS:-dp pd}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+wait_port() {
+  for _ in $(seq 900); do curl -sf "localhost:$1/health" >/dev/null && return 0; sleep 1; done
+  echo "nothing healthy on $1" >&2; return 1
+}
+bench() {  # bench NAME PORT workload...
+  name=$1; port=$2; shift 2
+  "${CLI[@]}" bench serve --base-url "http://127.0.0.1:$port" "$@" --ignore-eos \
+    --save-result --result-dir "$OUT" --result-filename "$name.json" > "$OUT/$name.log" 2>&1
+  python3 benchmarks/dp_hit_rate.py "http://127.0.0.1:$port" --json "$OUT/$name.hits.json" \
+    >> "$OUT/$name.log" 2>&1
+  python3 benchmarks/dp_summary.py "$OUT" "$name"
+}
+stop_all() { kill -TERM "$@" 2>/dev/null; wait "$@" 2>/dev/null; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+if has dp; then
+  SP=(--dataset-name shared-prefix --num-prompts 256 --prefix-repetition-num-prefixes 32
+    --prefix-repetition-prefix-len 2048 --prefix-repetition-suffix-len 128
+    --prefix-repetition-output-len 128 --max-concurrency 32 --seed 9)
+  for policy in round-robin cache-aware; do
+    "${CLI[@]}" serve $M "${COMMON[@]}" -dp 2 --router-policy $policy \
+      --num-gpu-blocks-override 4096 --port 8500 > "$OUT/dp_$policy.server.log" 2>&1 &
+    pid=$!
+    wait_port 8500 && bench "dp_$policy" 8500 "${SP[@]}"
+    stop_all $pid
+  done
+fi
+if has pd; then
+  MIX=(--dataset-name jsonl --dataset-path build/pd_mix.jsonl --request-rate 8 --seed 1)
+  "${CLI[@]}" serve $M "${COMMON[@]}" -dp 2 --router-policy least-load --port 8500 \
+    > "$OUT/mix_dp2.server.log" 2>&1 &
+  pid=$!
+  wait_port 8500 && bench mix_dp2 8500 "${MIX[@]}"
+  stop_all $pid
+  CUDA_VISIBLE_DEVICES=0 "${CLI[@]}" serve $M "${COMMON[@]}" --kv-role prefill --port 8501 \
+    > "$OUT/mix_pd_prefill.server.log" 2>&1 &
+  p1=$!
+  CUDA_VISIBLE_DEVICES=1 "${CLI[@]}" serve $M "${COMMON[@]}" --kv-role decode --port 8502 \
+    > "$OUT/mix_pd_decode.server.log" 2>&1 &
+  p2=$!
+  wait_port 8501 && wait_port 8502
+  "${CLI[@]}" router --prefill http://127.0.0.1:8501 --decode http://127.0.0.1:8502 \
+    --policy least-load --port 8500 > "$OUT/mix_pd_router.log" 2>&1 &
+  p3=$!
+  wait_port 8500 && bench mix_pd 8500 "${MIX[@]}"
+  stop_all $p3 $p1 $p2
+fi
