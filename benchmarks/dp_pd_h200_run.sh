@@ -8,6 +8,8 @@
 #   PARTS=pd   a mix of short chats (256 -> 128) and 5 % long prompts (8,000 -> 128) at a
 #              fixed 8 requests/s: -dp 2 (co-located, least-load) vs 1 prefill GPU + 1
 #              decode GPU (cadence router --prefill --decode)
+# ONE_GPU=1: both replicas (or the prefill and the decode engine) share GPU 0, each with a
+# fixed KV pool, behind `cadence router` (when only one H200 is lent).
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
@@ -17,8 +19,12 @@ COMMON=(--load-format dummy --dtype bfloat16 --max-model-len 16384)
 CLI=(python3 -m cadence.cli.main)
 PARTS=${PARTS:-dp pd}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
-wait_port() {
-  for _ in $(seq 900); do curl -sf "localhost:$1/health" >/dev/null && return 0; sleep 1; done
+wait_port() {  # wait_port PORT [PID]: until healthy, or the process is gone
+  for _ in $(seq 900); do
+    curl -sf "localhost:$1/health" >/dev/null && return 0
+    [ -n "${2:-}" ] && ! kill -0 "$2" 2>/dev/null && break
+    sleep 1
+  done
   echo "nothing healthy on $1" >&2; return 1
 }
 bench() {  # bench NAME PORT workload...
@@ -29,34 +35,62 @@ bench() {  # bench NAME PORT workload...
     >> "$OUT/$name.log" 2>&1
   python3 benchmarks/dp_summary.py "$OUT" "$name"
 }
-stop_all() { kill -TERM "$@" 2>/dev/null; wait "$@" 2>/dev/null; }
+stop_all() {  # and wait until the GPUs are free again (engine processes exit after them)
+  kill -TERM "$@" 2>/dev/null; wait "$@" 2>/dev/null
+  for _ in $(seq 60); do
+    [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && return; sleep 1
+  done
+}
+pkill -f "cadence.cli.main" 2>/dev/null; pkill -f "cadence::" 2>/dev/null; stop_all
+ONE_GPU=${ONE_GPU:-0}
+gpu() { [ "$ONE_GPU" = 1 ] && echo 0 || echo "$1"; }  # the GPU of replica $1
+# Two processes on one GPU: each sizes its pool explicitly (the memory profile counts the
+# other process's memory as used): 12,288 blocks = 196k tokens = 24 GiB, + 16 GiB of weights.
+SHARE=(); [ "$ONE_GPU" = 1 ] && SHARE=(--num-gpu-blocks-override 12288)
+start_dp() {  # start_dp NAME POLICY extra serve flags...: two replicas behind a router on 8500
+  name=$1; policy=$2; shift 2
+  if [ "$ONE_GPU" = 1 ]; then
+    for i in 0 1; do
+      CUDA_VISIBLE_DEVICES=0 "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" "$@" \
+        --port $((8511 + i)) > "$OUT/$name.server$i.log" 2>&1 &
+      PIDS+=($!)
+      wait_port $((8511 + i)) $! || return 1  # one at a time: each profiles GPU memory
+    done
+    "${CLI[@]}" router --worker http://127.0.0.1:8511 --worker http://127.0.0.1:8512 \
+      --policy "$policy" --port 8500 > "$OUT/$name.router.log" 2>&1 &
+    PIDS+=($!)
+  else
+    "${CLI[@]}" serve $M "${COMMON[@]}" "$@" -dp 2 --router-policy "$policy" --port 8500 \
+      > "$OUT/$name.server.log" 2>&1 &
+    PIDS+=($!)
+  fi
+  wait_port 8500
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 if has dp; then
   SP=(--dataset-name shared-prefix --num-prompts 256 --prefix-repetition-num-prefixes 32
     --prefix-repetition-prefix-len 2048 --prefix-repetition-suffix-len 128
     --prefix-repetition-output-len 128 --max-concurrency 32 --seed 9)
   for policy in round-robin cache-aware; do
-    "${CLI[@]}" serve $M "${COMMON[@]}" -dp 2 --router-policy $policy \
-      --num-gpu-blocks-override 4096 --port 8500 > "$OUT/dp_$policy.server.log" 2>&1 &
-    pid=$!
-    wait_port 8500 && bench "dp_$policy" 8500 "${SP[@]}"
-    stop_all $pid
+    PIDS=()
+    start_dp "dp_$policy" $policy --num-gpu-blocks-override 4096 && bench "dp_$policy" 8500 "${SP[@]}"
+    stop_all "${PIDS[@]}"
   done
 fi
 if has pd; then
-  MIX=(--dataset-name jsonl --dataset-path build/pd_mix.jsonl --request-rate 8 --seed 1)
-  "${CLI[@]}" serve $M "${COMMON[@]}" -dp 2 --router-policy least-load --port 8500 \
-    > "$OUT/mix_dp2.server.log" 2>&1 &
-  pid=$!
-  wait_port 8500 && bench mix_dp2 8500 "${MIX[@]}"
-  stop_all $pid
-  CUDA_VISIBLE_DEVICES=0 "${CLI[@]}" serve $M "${COMMON[@]}" --kv-role prefill --port 8501 \
-    > "$OUT/mix_pd_prefill.server.log" 2>&1 &
+  MIX=(--dataset-name jsonl --dataset-path build/pd_mix.jsonl --request-rate 8 --seed 1
+    --num-prompts "${MIX_PROMPTS:-400}")
+  PIDS=()
+  start_dp mix_dp2 least-load && bench mix_dp2 8500 "${MIX[@]}"
+  stop_all "${PIDS[@]}"
+  CUDA_VISIBLE_DEVICES=$(gpu 0) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
+    --kv-role prefill --port 8501 > "$OUT/mix_pd_prefill.server.log" 2>&1 &
   p1=$!
-  CUDA_VISIBLE_DEVICES=1 "${CLI[@]}" serve $M "${COMMON[@]}" --kv-role decode --port 8502 \
-    > "$OUT/mix_pd_decode.server.log" 2>&1 &
+  [ "$ONE_GPU" = 1 ] && wait_port 8501 $p1
+  CUDA_VISIBLE_DEVICES=$(gpu 1) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
+    --kv-role decode --port 8502 > "$OUT/mix_pd_decode.server.log" 2>&1 &
   p2=$!
-  wait_port 8501 && wait_port 8502
+  wait_port 8501 $p1 && wait_port 8502 $p2
   "${CLI[@]}" router --prefill http://127.0.0.1:8501 --decode http://127.0.0.1:8502 \
     --policy least-load --port 8500 > "$OUT/mix_pd_router.log" 2>&1 &
   p3=$!

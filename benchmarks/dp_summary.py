@@ -1,5 +1,6 @@
 """One line per `cadence bench serve` result (+ its .hits.json): throughput, TTFT/ITL p99,
-prefix hit rate. `python benchmarks/dp_summary.py DIR NAME...`"""
+prefix hit rate. `python benchmarks/dp_summary.py DIR NAME...` (it also drops the
+per-request records from each result file: the summaries are what we keep)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import sys
 def main() -> None:
     folder, names = sys.argv[1], sys.argv[2:]
     for name in names:
-        run = json.load(open(os.path.join(folder, name + ".json")))["runs"][0]
+        path = os.path.join(folder, name + ".json")
+        result = json.load(open(path))
+        for r in result.get("runs", []):
+            r.pop("requests", None)
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        run = result["runs"][0]
         s = run.get("summary", run)
         hits_path = os.path.join(folder, name + ".hits.json")
         hit = json.load(open(hits_path))["hit_rate"] if os.path.exists(hits_path) else None

@@ -93,3 +93,12 @@ def test_a_bad_request_is_answered_by_the_prefill_engine(pd):
     url, _, _ = pd
     r = httpx.post(url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 0})
     assert r.status_code == 400 and r.json()["error"]["message"]
+
+
+def test_without_a_reachable_prefill_engine_the_decode_engine_computes(pd, tiny_model_dir):
+    _, _, decode = pd
+    prompts = make_prompts(512, [20, 45], seed=54)
+    want = [complete(decode.url, p) for p in prompts]
+    with router([decode.url], "round-robin", prefill=["http://127.0.0.1:9"]) as url:
+        assert httpx.get(url + "/health").status_code == 200
+        assert [complete(url, p) for p in prompts] == want
