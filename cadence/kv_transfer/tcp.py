@@ -66,18 +66,44 @@ class TcpKVConnector:
     # ---- prefill side -----------------------------------------------------------------
 
     def save(self, transfer_id: str, block_ids: list[int], num_tokens: int) -> None:
-        tensors = list(self.layers.gather_layers(block_ids))
+        tensors = self._stage(transfer_id, block_ids)
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         with self._lock:
             old = self._staged.pop(transfer_id, None)
             if old is not None:
                 self._staged_bytes -= old[2]
+                self._discard(transfer_id)
             self._staged[transfer_id] = (num_tokens, tensors, nbytes)
             self._staged_bytes += nbytes
             while self._staged_bytes > MAX_STAGED_BYTES and len(self._staged) > 1:
                 dropped, (_, _, size) = self._staged.popitem(last=False)
                 self._staged_bytes -= size
+                self._discard(dropped)
                 logger.warning("KV transfer %s dropped unfetched (staging full)", dropped)
+
+    # The transport: how staged K/V is kept, sent and read (shm.py keeps it in files).
+
+    def _stage(self, transfer_id: str, block_ids: list[int]) -> list[torch.Tensor]:
+        """Each layer's K/V of these blocks, in host memory ([2, n, block, heads, dim])."""
+        return list(self.layers.gather_layers(block_ids))
+
+    def _discard(self, transfer_id: str) -> None:
+        """A staged transfer is gone (fetched and released, dropped, or replaced)."""
+
+    def _reply(self, transfer_id: str, tensors: list[torch.Tensor], lo: int, n: int):
+        """(header fields, frames) answering a fetch of blocks [lo, lo + n)."""
+        self._discard(transfer_id)
+        frames = [t[:, lo : lo + n].contiguous().view(torch.uint8).numpy() for t in tensors]
+        return {}, frames
+
+    def _received_layers(self, info: dict, frames: list, n: int, sock: zmq.Socket):
+        """Per layer, the fetched blocks' raw bytes (then tell the server, if it waits)."""
+        if len(frames) != len(self.layers.kv_caches):
+            raise RuntimeError(f"{len(frames)} layers sent, {len(self.layers.kv_caches)} expected")
+        with warnings.catch_warnings():  # read-only, and only read: no copy
+            warnings.simplefilter("ignore", UserWarning)
+            for frame in frames:
+                yield torch.frombuffer(frame.buffer, dtype=torch.uint8)
 
     @property
     def num_staged(self) -> int:
@@ -94,7 +120,11 @@ class TcpKVConnector:
         while not self._closed.is_set():
             if not sock.poll(POLL_MS):
                 continue
-            ident, tid, first, count = sock.recv_multipart()
+            msg = sock.recv_multipart()
+            if len(msg) == 3:  # [ident, b"release", transfer id]: the reader is done
+                self._discard(msg[2].decode())
+                continue
+            ident, tid, first, count = msg
             entry = self._take(tid.decode())
             if entry is None:
                 header = {"ok": False, "error": f"no staged K/V for transfer {tid.decode()!r}"}
@@ -106,14 +136,16 @@ class TcpKVConnector:
                 header = {"ok": False, "error": f"blocks [{lo}, {lo + n}) of {tensors[0].shape[1]}"}
                 sock.send_multipart([ident, json.dumps(header).encode()])
                 continue
+            extra, frames = self._reply(tid.decode(), tensors, lo, n)
             header = {
                 "ok": True,
+                "transfer_id": tid.decode(),
                 "num_tokens": num_tokens,
                 "block_size": self.layers.block_size,
                 "layout": self.layers.layout(),
                 "num_blocks": n,
+                **extra,
             }
-            frames = [t[:, lo : lo + n].contiguous().view(torch.uint8).numpy() for t in tensors]
             sock.send_multipart([ident, json.dumps(header).encode(), *frames], copy=False)
         sock.close(linger=0)
 
@@ -153,12 +185,8 @@ class TcpKVConnector:
                 or [[list(s), d] for s, d in layout] != info["layout"]
             ):
                 raise RuntimeError("the prefill engine's K/V layout differs from this one's")
-            if len(frames) != len(layout):
-                raise RuntimeError(f"{len(frames)} layers sent, {len(layout)} expected")
-            for layer, (frame, (shape, dtype)) in enumerate(zip(frames, layout)):
-                with warnings.catch_warnings():  # read-only, and only read: no copy
-                    warnings.simplefilter("ignore", UserWarning)
-                    raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
+            raws = self._received_layers(info, frames, len(dst), sock)
+            for layer, (raw, (shape, dtype)) in enumerate(zip(raws, layout)):
                 kv = raw.view(getattr(torch, dtype)).view(2, len(dst), *shape[1:])
                 self.layers.scatter_layer(layer, dst, kv)
             if torch.cuda.is_available() and self.layers.kv_caches[0].is_cuda:
@@ -167,7 +195,7 @@ class TcpKVConnector:
         except Exception as e:  # any failure: the request computes its prompt locally
             self._done.put((request_id, f"{type(e).__name__}: {e}"))
         finally:
-            sock.close(linger=0)
+            sock.close(linger=1000)  # (a "release" may still be on its way out)
 
     def finished_loads(self) -> list[tuple[str, str | None]]:
         out = []
@@ -183,4 +211,8 @@ class TcpKVConnector:
             self._loader.shutdown(wait=True, cancel_futures=False)
         if self.role == PREFILL:
             self._server.join(2)
+            with self._lock:
+                for tid in list(self._staged):
+                    self._discard(tid)
+                self._staged.clear()
         self._ctx.term()

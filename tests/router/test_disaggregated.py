@@ -1,7 +1,7 @@
 """Disaggregated prefill/decode on the CPU: `cadence serve --kv-role prefill`, `cadence serve
 --kv-role decode` and `cadence router --prefill URL --decode URL`, the K/V moving over the
-TCP connector. Float32 greedy output equals a single engine's, streamed or not, for prompts
-of one block or many, and prefix caches hit on both sides."""
+TCP connector or through shared memory. Float32 greedy output equals a single engine's,
+streamed or not, for prompts of one block or many; prefix caches hit on both sides."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "2
 ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
 
 
-@pytest.fixture(scope="module")
-def pd(tiny_model_dir):
-    """(router URL, prefill server, decode server)."""
+@pytest.fixture(scope="module", params=["tcp", "shm"])
+def pd(tiny_model_dir, request):
+    """(router URL, prefill server, decode server), over each connector."""
     servers = [
-        Server([tiny_model_dir("llama"), *ARGS, "--kv-role", role])
+        Server([tiny_model_dir("llama"), *ARGS, "--kv-role", role, "--kv-connector", request.param])
         for role in ("prefill", "decode")
     ]
     try:

@@ -1,10 +1,14 @@
-"""Disaggregated prefill/decode between two engines in one process, over the TCP connector:
+"""Disaggregated prefill/decode between two engines in one process, over the TCP and the
+shared-memory connectors:
 the decode engine's float32 greedy output equals transformers', whatever the prompt length
 (one block or many), with prefix-cache hits on either side, a failed transfer (it computes
 the prompt itself) or an abort while loading; and it computes only each prompt's last
 token itself."""
 
 from __future__ import annotations
+
+import os
+import time
 
 import pytest
 from model_helpers import hf_greedy, make_prompts
@@ -15,11 +19,12 @@ NEW_TOKENS = 12
 ENGINE = dict(dtype="float32", num_gpu_blocks_override=128, check_kv_integrity=True)
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model_dir):
+@pytest.fixture(scope="module", params=["tcp", "shm"])
+def engines(tiny_model_dir, request):
+    """Both connectors: bytes over ZMQ, and shared memory files on the same host."""
     path = tiny_model_dir("llama")
-    prefill = LLM(path, kv_role="prefill", **ENGINE)
-    decode = LLM(path, kv_role="decode", **ENGINE)
+    prefill = LLM(path, kv_role="prefill", kv_connector=request.param, **ENGINE)
+    decode = LLM(path, kv_role="decode", kv_connector=request.param, **ENGINE)
     yield path, prefill.engine, decode.engine
     prefill.engine.shutdown()
     decode.engine.shutdown()
@@ -87,6 +92,17 @@ def test_prefix_hits_on_both_sides(engines, hf_model):
     assert prefill.kv.stats.hits - hits_p >= 2 * 48  # the prefill engine reused the trunk
     assert decode.kv.stats.hits - hits_d >= 2 * 48  # and the decode engine had it already
     assert decode.scheduler.remote.num_loaded_tokens - loaded == sum(len(p) - 1 - 48 for p in later)
+
+
+def test_fetched_transfers_leave_nothing_behind(engines):
+    """Each staged transfer is taken once; a shared-memory file goes when released."""
+    _, prefill, _ = engines
+    deadline = time.monotonic() + 5
+    while prefill.kv_connector._files if hasattr(prefill.kv_connector, "_files") else False:
+        assert time.monotonic() < deadline, prefill.kv_connector._files
+        time.sleep(0.01)
+    assert prefill.kv_connector.num_staged == 0
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"cadence-kv-{os.getpid()}")]
 
 
 def test_a_failed_transfer_computes_the_prompt_locally(engines, hf_model):
