@@ -23,7 +23,9 @@ def main() -> None:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
     status = httpx.get(args.url + "/v1/router/replicas", timeout=10)
-    urls = [r["url"] for r in status.json()["replicas"]] if status.status_code == 200 else [args.url]
+    urls = (
+        [r["url"] for r in status.json()["replicas"]] if status.status_code == 200 else [args.url]
+    )
     rows = []
     for u in urls:
         hits = counter(u, "cadence:prefix_cache_hits_total")

@@ -13,7 +13,8 @@ def main() -> None:
     folder, names = sys.argv[1], sys.argv[2:]
     for name in names:
         path = os.path.join(folder, name + ".json")
-        result = json.load(open(path))
+        with open(path) as f:
+            result = json.load(f)
         for r in result.get("runs", []):
             r.pop("requests", None)
         with open(path, "w") as f:
@@ -21,7 +22,10 @@ def main() -> None:
         run = result["runs"][0]
         s = run.get("summary", run)
         hits_path = os.path.join(folder, name + ".hits.json")
-        hit = json.load(open(hits_path))["hit_rate"] if os.path.exists(hits_path) else None
+        hit = None
+        if os.path.exists(hits_path):
+            with open(hits_path) as f:
+                hit = json.load(f)["hit_rate"]
         print(
             f"{name:<24} req/s {s['request_throughput']:7.2f}  out tok/s {s['output_throughput']:8.1f}"
             f"  TTFT p99 {s['p99_ttft_ms']:8.1f} ms  ITL p99 {s['p99_itl_ms']:7.1f} ms"

@@ -180,7 +180,7 @@ def create_router_app(
         replicas: ReplicaSet = state["replicas"]
         if state["prefill"] is not None:
 
-            def route_prefill(rset, tried):
+            def route_prefill(tried: set[int]):
                 choice = route(keys, num_tokens, tried, "prefill")
                 return choice.replica if choice else None
 

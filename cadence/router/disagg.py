@@ -51,15 +51,17 @@ PREFILL_DROP = frozenset(
 async def prefill_remotely(
     prefills: ReplicaSet, route, path: str, body: dict, headers: dict, metrics
 ) -> tuple[dict | None, Response | None]:
-    """Run step 1. Returns (the decode request's kv_transfer_params, None), or (None, an
-    error response for the client), or (None, None) when no prefill replica is there."""
+    """Run step 1 (`route(tried)`: the policy's pick among the healthy prefill replicas
+    not yet tried, or None). Returns (the decode request's kv_transfer_params, None), or
+    (None, an error response for the client), or (None, None) when no prefill replica is
+    there."""
     transfer_id = uuid.uuid4().hex
     pbody = {k: v for k, v in body.items() if k not in PREFILL_DROP}
     pbody["max_tokens"] = 1
     pbody["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
     tried: set[int] = set()
     while True:
-        replica = route(prefills, tried)
+        replica = route(tried)
         if replica is None:
             return None, None
         tried.add(replica.index)
