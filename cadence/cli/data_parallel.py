@@ -149,7 +149,10 @@ def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict) -> int:
         tokenizer = load_router_tokenizer(
             engine_kwargs.get("tokenizer") or engine_kwargs.get("model"), urls
         )
-        app = create_router_app(urls, args.router_policy, tokenizer, **policy_kwargs(args))
+        api_key = args.api_key or os.environ.get("CADENCE_API_KEY")
+        app = create_router_app(
+            urls, args.router_policy, tokenizer, api_key=api_key, **policy_kwargs(args)
+        )
         logger.info(
             "listening on http://%s:%d (%d replicas, %s)",
             args.host,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from cadence.cli.args import non_negative_float
 
@@ -84,6 +85,12 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         "is on this machine, else SmolLM2's)",
     )
     parser.add_argument(
+        "--api-key",
+        default=None,
+        help="the replicas' API key, for the router's own calls to them (load and health "
+        "polls); clients' requests carry their own (default: $CADENCE_API_KEY)",
+    )
+    parser.add_argument(
         "--startup-timeout",
         type=non_negative_float,
         default=0.0,
@@ -94,8 +101,6 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
 
 def load_router_tokenizer(path: str | None, urls: list[str]):
     """The replicas' tokenizer when it can be found here; routing works without one."""
-    import os
-
     import httpx
 
     from cadence.tokenizer import load_tokenizer
@@ -148,6 +153,7 @@ def run_router(args: argparse.Namespace) -> int:
         tokenizer,
         startup_timeout_s=args.startup_timeout,
         prefill_urls=args.prefill or None,
+        api_key=args.api_key or os.environ.get("CADENCE_API_KEY"),
         **policy_kwargs(args),
     )
     logger.info("router listening on http://%s:%d", args.host, args.port)

@@ -107,11 +107,13 @@ def create_router_app(
     tokenizer=None,
     startup_timeout_s: float = 0.0,
     prefill_urls: list[str] | None = None,
+    api_key: str | None = None,
     **policy_kw,
 ) -> FastAPI:
     """`urls`: the replicas that answer (with `prefill_urls`, the decode engines of a
     disaggregated deployment: disagg.py). `tokenizer`: encodes prompt text for the prefix
-    indexes (None: 4 bytes a token, a rough stand-in that still groups equal prefixes)."""
+    indexes (None: 4 bytes a token, a rough stand-in that still groups equal prefixes).
+    `api_key`: the replicas' key, for the router's own polls (clients bring their own)."""
     choosers = {
         "decode": make_policy(policy, **policy_kw),
         "prefill": make_policy(policy, **policy_kw),
@@ -121,9 +123,9 @@ def create_router_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        sets = {"decode": ReplicaSet(urls)}
+        sets = {"decode": ReplicaSet(urls, api_key)}
         if prefill_urls:
-            sets["prefill"] = ReplicaSet(prefill_urls)
+            sets["prefill"] = ReplicaSet(prefill_urls, api_key)
         state["replicas"] = sets["decode"]
         state["prefill"] = sets.get("prefill")
         for replicas in sets.values():

@@ -57,9 +57,10 @@ class ReplicaSet:
         if not urls:
             raise ValueError("a router needs at least one replica")
         self.replicas = [Replica(u.rstrip("/"), i) for i, u in enumerate(urls)]
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # The key for the router's own calls (stats, /version) only: a client's request
+        # goes on with the client's own Authorization, never with this one.
+        self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.AsyncClient(
-            headers=headers,
             timeout=httpx.Timeout(None, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
@@ -100,7 +101,9 @@ class ReplicaSet:
             if health.status_code != 200:
                 r.mark_down(f"/health answered {health.status_code}")
                 return
-            stats = await self.http.get(r.url + "/v1/engine/stats", timeout=POLL_TIMEOUT_S)
+            stats = await self.http.get(
+                r.url + "/v1/engine/stats", headers=self.auth, timeout=POLL_TIMEOUT_S
+            )
             if stats.status_code == 200:
                 r.stats = stats.json()
                 req = r.stats["requests"]
@@ -111,7 +114,9 @@ class ReplicaSet:
             return
         if not r.healthy:
             try:
-                version = await self.http.get(r.url + "/version", timeout=POLL_TIMEOUT_S)
+                version = await self.http.get(
+                    r.url + "/version", headers=self.auth, timeout=POLL_TIMEOUT_S
+                )
                 r.info = version.json() if version.status_code == 200 else {}
             except (httpx.HTTPError, ValueError) as e:
                 r.mark_down(f"/version: {type(e).__name__}: {e}")
