@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from cadence.kv_transfer.connector import wants_remote_decode, wants_remote_prefill
+from cadence.kv_transfer.params import wants_remote_decode, wants_remote_prefill
 
 if TYPE_CHECKING:
     from cadence.core.kv_cache import KVBlock, KVCacheManager

@@ -27,7 +27,7 @@ from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
 from cadence.engine import step_timeline as tl
 from cadence.executor import make_executor
-from cadence.kv_transfer.connector import check_kv_transfer_params
+from cadence.kv_transfer.params import check_kv_transfer_params
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager
 from cadence.worker.model_runner import pick_device
