@@ -7,7 +7,11 @@
 #              (32 system prompts of 2,048 tokens x 8 questions; 4,096 KV blocks a replica)
 #   PARTS=pd   a mix of short chats (256 -> 128) and 5 % long prompts (8,000 -> 128) at a
 #              fixed 8 requests/s: -dp 2 (co-located, least-load) vs 1 prefill GPU + 1
-#              decode GPU (cadence router --prefill --decode)
+#              decode GPU (cadence router --prefill --decode), over KV_CONNECTOR
+#              (default cuda_ipc; the decode engine also sees the prefill engine's GPU)
+#   PARTS=tests  the connectors' tests on the GPU (in-process, and servers over each one)
+#   PARTS=kv   benchmarks/kv_transfer_bench.py: an 8,000-token prompt's K/V moved by each
+#              connector (load time, GB/s, time to first token against prefill alone)
 # ONE_GPU=1: both replicas (or the prefill and the decode engine) share GPU 0, each with a
 # fixed KV pool, behind `cadence router` (when only one H200 is lent).
 set -uo pipefail
@@ -18,6 +22,7 @@ M=.gpu-smoke/llama8b
 COMMON=(--load-format dummy --dtype bfloat16 --max-model-len 16384)
 CLI=(python3 -m cadence.cli.main)
 PARTS=${PARTS:-dp pd}
+KV_CONNECTOR=${KV_CONNECTOR:-cuda_ipc}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 wait_port() {  # wait_port PORT [PID]: until healthy, or the process is gone
   for _ in $(seq 900); do
@@ -44,6 +49,7 @@ stop_all() {  # and wait until the GPUs are free again (engine processes exit af
 pkill -f "cadence.cli.main" 2>/dev/null; pkill -f "cadence::" 2>/dev/null; stop_all
 ONE_GPU=${ONE_GPU:-0}
 gpu() { [ "$ONE_GPU" = 1 ] && echo 0 || echo "$1"; }  # the GPU of replica $1
+sees() { [ "$ONE_GPU" = 1 ] && echo 0 || echo "$1,$2"; }  # runs on GPU $1, sees $2 too
 # Two processes on one GPU: each sizes its pool explicitly (the memory profile counts the
 # other process's memory as used): 12,288 blocks = 196k tokens = 24 GiB, + 16 GiB of weights.
 SHARE=(); [ "$ONE_GPU" = 1 ] && SHARE=(--num-gpu-blocks-override 12288)
@@ -67,6 +73,17 @@ start_dp() {  # start_dp NAME POLICY extra serve flags...: two replicas behind a
   wait_port 8500
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+if has tests; then
+  python3 -m pytest -q -p no:cacheprovider tests/kv_transfer tests/cli/test_kv_transfer_flags.py \
+    2>&1 | tee "$OUT/tests.log" | tail -3
+  python3 -m pytest -q -p no:cacheprovider -rs tests/router/test_disaggregated.py -k cuda \
+    2>&1 | tee -a "$OUT/tests.log" | tail -6
+fi
+if has kv; then
+  PREFILL_GPUS=$(gpu 0) DECODE_GPUS=$(sees 1 0) python3 benchmarks/kv_transfer_bench.py \
+    $M --prompt-len 8000 --reps 5 --out "$OUT/kv_transfer.json" -- "${COMMON[@]}" \
+    --num-gpu-blocks-override 4096 2>&1 | tee "$OUT/kv_transfer.log" | tail -5
+fi
 if has dp; then
   SP=(--dataset-name shared-prefix --num-prompts 256 --prefix-repetition-num-prefixes 32
     --prefix-repetition-prefix-len 2048 --prefix-repetition-suffix-len 128
@@ -84,16 +101,21 @@ if has pd; then
   start_dp mix_dp2 least-load && bench mix_dp2 8500 "${MIX[@]}"
   stop_all "${PIDS[@]}"
   CUDA_VISIBLE_DEVICES=$(gpu 0) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
-    --kv-role prefill --port 8501 > "$OUT/mix_pd_prefill.server.log" 2>&1 &
+    --kv-role prefill --kv-connector "$KV_CONNECTOR" --port 8501 \
+    > "$OUT/mix_pd_prefill.server.log" 2>&1 &
   p1=$!
   [ "$ONE_GPU" = 1 ] && wait_port 8501 $p1
-  CUDA_VISIBLE_DEVICES=$(gpu 1) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
-    --kv-role decode --port 8502 > "$OUT/mix_pd_decode.server.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$(sees 1 0) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
+    --kv-role decode --kv-connector "$KV_CONNECTOR" --port 8502 \
+    > "$OUT/mix_pd_decode.server.log" 2>&1 &
   p2=$!
   wait_port 8501 $p1 && wait_port 8502 $p2
   "${CLI[@]}" router --prefill http://127.0.0.1:8501 --decode http://127.0.0.1:8502 \
     --policy least-load --port 8500 > "$OUT/mix_pd_router.log" 2>&1 &
   p3=$!
   wait_port 8500 && bench mix_pd 8500 "${MIX[@]}"
+  curl -s localhost:8502/v1/engine/stats | python3 -c \
+    "import json,sys; print('decode kv_transfer', json.load(sys.stdin)['kv_transfer'])" \
+    | tee -a "$OUT/mix_pd.log"
   stop_all $p3 $p1 $p2
 fi

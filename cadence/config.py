@@ -179,7 +179,8 @@ class EngineConfig:
     check_kv_integrity: bool = False  # after every step (tests)
     step_timeline_size: int = 1024  # steps whose phase times the engine keeps (0: none)
     kv_role: str | None = None  # disaggregated serving: prefill | decode (none: both here)
-    kv_connector: str = "tcp"  # how K/V moves: tcp (any hosts) | shm (same host)
+    # how K/V moves: tcp (any hosts) | shm (same host) | cuda_ipc (same host, GPU to GPU)
+    kv_connector: str = "tcp"
     kv_transfer_host: str = "127.0.0.1"  # prefill role: where its K/V server listens
     kv_transfer_port: int = 0  # prefill role: its port (0: a free one)
     profile_dir: str | None = None  # where POST /start_profile writes torch.profiler traces
@@ -196,8 +197,12 @@ class EngineConfig:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
         if self.kv_role not in (None, "prefill", "decode"):
             raise ValueError(f"kv_role must be prefill or decode, got {self.kv_role!r}")
-        if self.kv_connector not in ("tcp", "shm"):
-            raise ValueError(f"kv_connector must be tcp or shm, got {self.kv_connector!r}")
+        if self.kv_connector not in ("tcp", "shm", "cuda_ipc"):
+            raise ValueError(
+                f"kv_connector must be tcp, shm or cuda_ipc, got {self.kv_connector!r}"
+            )
+        if self.kv_connector == "cuda_ipc" and self.device == "cpu":
+            raise ValueError("--kv-connector cuda_ipc needs a GPU: use shm or tcp on the CPU")
         if self.kv_role and self.parallel.tensor_parallel_size > 1:
             raise ValueError("--kv-role (disaggregated serving) needs tensor_parallel_size 1")
         if self.step_timeline_size < 0:

@@ -170,6 +170,36 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.kv_loads = Counter(
+            "cadence:kv_transfer_loads",
+            "Prompt K/V loads from a prefill engine that ended with the K/V here",
+            labels,
+            registry=r,
+        )
+        self.kv_loaded_tokens = Counter(
+            "cadence:kv_transfer_loaded_tokens",
+            "Prompt tokens whose K/V was loaded from a prefill engine",
+            labels,
+            registry=r,
+        )
+        self.kv_failed_loads = Counter(
+            "cadence:kv_transfer_failed_loads",
+            "K/V loads that failed (the prompt was computed here)",
+            labels,
+            registry=r,
+        )
+        self.kv_load_seconds = Counter(
+            "cadence:kv_transfer_load_seconds",
+            "Time from the start of each K/V load to its end, summed",
+            labels,
+            registry=r,
+        )
+        self.kv_saved_tokens = Counter(
+            "cadence:kv_transfer_saved_tokens",
+            "Prompt tokens whose K/V this prefill engine staged for a decode engine",
+            labels,
+            registry=r,
+        )
         self.queue_time = Histogram(
             "cadence:request_queue_time_seconds",
             "Arrival to first scheduled",
@@ -192,6 +222,11 @@ class ServerMetrics:
             "spec_verifications": self.spec_drafts,
             "spec_draft_tokens": self.spec_draft_tokens,
             "spec_accepted_tokens": self.spec_accepted_tokens,
+            "kv_transfer_loads": self.kv_loads,
+            "kv_transfer_loaded_tokens": self.kv_loaded_tokens,
+            "kv_transfer_failed_loads": self.kv_failed_loads,
+            "kv_transfer_load_seconds": self.kv_load_seconds,
+            "kv_transfer_saved_tokens": self.kv_saved_tokens,
         }
         self._last_per_pos: list[int] = []
         self._last_lengths: list[int] = []

@@ -16,8 +16,10 @@ by the connector before its blocks are freed.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
+from cadence.core.scheduler_output import KVTransferStats
 from cadence.kv_transfer.params import wants_remote_decode, wants_remote_prefill
 
 if TYPE_CHECKING:
@@ -31,10 +33,10 @@ class RemotePrefills:
     def __init__(self, connector, kv: KVCacheManager) -> None:
         self.connector = connector
         self.kv = kv
-        self.loading: dict[str, tuple[Request, int]] = {}  # request id -> (request, end)
+        # request id -> (request, end of the loaded tokens, time.monotonic() at start)
+        self.loading: dict[str, tuple[Request, int, float]] = {}
         self.cancelled: set[str] = set()
-        self.num_loaded_tokens = 0  # since start
-        self.num_failed_loads = 0
+        self.stats = KVTransferStats()
 
     # ---- decode side ------------------------------------------------------------------
 
@@ -57,7 +59,7 @@ class RemotePrefills:
             return None
         req.remote_prefill_done = True
         req.num_computed_tokens = num_hit_tokens
-        self.loading[req.request_id] = (req, end)
+        self.loading[req.request_id] = (req, end, time.monotonic())
         self.connector.start_load(
             req.request_id,
             req.sampling_params.kv_transfer_params,
@@ -71,17 +73,19 @@ class RemotePrefills:
         """Requests whose load ended, ready to schedule again (front of the queue)."""
         ready = []
         for rid, err in self.connector.finished_loads():
-            req, end = self.loading.pop(rid)
+            req, end, started = self.loading.pop(rid)
             if rid in self.cancelled:
                 self.cancelled.discard(rid)
                 self.kv.free(req)
                 continue
             if err is None:
-                self.num_loaded_tokens += end - req.num_computed_tokens
+                self.stats.num_loads += 1
+                self.stats.num_loaded_tokens += end - req.num_computed_tokens
+                self.stats.load_seconds += time.monotonic() - started
                 req.num_computed_tokens = end
                 self.kv.cache_blocks(req, end)
             else:
-                self.num_failed_loads += 1
+                self.stats.num_failed_loads += 1
                 logger.warning("request %s: K/V load failed (%s); computing its prompt", rid, err)
                 self.kv.free(req)
                 req.num_computed_tokens = 0
@@ -101,3 +105,4 @@ class RemotePrefills:
             block_ids = self.kv.get_block_ids(req.request_id)
             num_blocks = -(-num_tokens // self.kv.block_size)
             self.connector.save(params["transfer_id"], block_ids[:num_blocks], num_tokens)
+            self.stats.num_saved_tokens += num_tokens

@@ -424,4 +424,5 @@ class Scheduler:
             prefix_hit_requests=self.kv.stats.hit_requests,
             prefix_evictions=self.kv.pool.num_evictions,
             spec=self.spec_stats,
+            kv_transfer=self.remote.stats if self.remote else None,
         )

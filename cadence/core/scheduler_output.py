@@ -125,6 +125,18 @@ class SchedulerStats:
     prefix_hit_requests: int = 0  # of which hit at least one block
     prefix_evictions: int = 0  # cached blocks reused for other data, since start
     spec: SpecDecodeStats | None = None  # speculative decoding, when on
+    kv_transfer: KVTransferStats | None = None  # disaggregated serving (--kv-role), when on
+
+
+@dataclass
+class KVTransferStats:
+    """Prompt K/V moved between engines since start (remote_prefill.py keeps them)."""
+
+    num_loads: int = 0  # decode side: loads that ended with the K/V here
+    num_loaded_tokens: int = 0
+    num_failed_loads: int = 0  # (those requests computed their prompt themselves)
+    load_seconds: float = 0.0  # start of each load to its end as the scheduler saw it
+    num_saved_tokens: int = 0  # prefill side: prompt tokens staged for a decode engine
 
 
 @dataclass

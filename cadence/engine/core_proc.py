@@ -342,6 +342,13 @@ class EngineLoop:
         stats.num_preempted = s.num_preempted
         stats.kv_blocks_cached = s.kv_blocks_cached
         stats.num_steps = self.core.timeline.num_steps
+        if s.kv_transfer is not None:
+            t = s.kv_transfer
+            stats.kv_transfer_loads = t.num_loads
+            stats.kv_transfer_loaded_tokens = t.num_loaded_tokens
+            stats.kv_transfer_failed_loads = t.num_failed_loads
+            stats.kv_transfer_load_seconds = t.load_seconds
+            stats.kv_transfer_saved_tokens = t.num_saved_tokens
         if s.spec is not None:
             stats.spec_verifications = s.spec.num_verifications
             stats.spec_draft_tokens = s.spec.num_draft_tokens

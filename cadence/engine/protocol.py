@@ -61,6 +61,12 @@ class EngineStats(msgspec.Struct, array_like=True):
     num_preempted: int = 0  # of num_waiting: preempted, to be recomputed
     kv_blocks_cached: int = 0  # free blocks that still hold a cached prefix
     num_steps: int = 0  # cumulative steps that ran the model (the step timeline's count)
+    # Disaggregated serving (KVTransferStats), cumulative
+    kv_transfer_loads: int = 0
+    kv_transfer_loaded_tokens: int = 0
+    kv_transfer_failed_loads: int = 0
+    kv_transfer_load_seconds: float = 0.0
+    kv_transfer_saved_tokens: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

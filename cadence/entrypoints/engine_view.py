@@ -122,6 +122,13 @@ def engine_stats(state: dict) -> dict:
             "generation": int(m.get("cadence:generation_tokens_total", 0)),
         },
         "preemptions": s.num_preemptions,
+        "kv_transfer": {
+            "loads": s.kv_transfer_loads,
+            "loaded_tokens": s.kv_transfer_loaded_tokens,
+            "failed_loads": s.kv_transfer_failed_loads,
+            "load_seconds": round(s.kv_transfer_load_seconds, 6),
+            "saved_tokens": s.kv_transfer_saved_tokens,
+        },
         "latency": {
             name: {
                 "count": int(m.get(f"cadence:{metric}_count", 0)),

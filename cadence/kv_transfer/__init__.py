@@ -5,11 +5,15 @@ from __future__ import annotations
 
 def make_connector(config, kv_caches: list):
     """The connector of an engine started with --kv-role: `--kv-connector tcp` (bytes over
-    ZMQ, between hosts too) or `shm` (same host: shared memory files, names over ZMQ)."""
+    ZMQ, between hosts too), `shm` (same host: shared memory files, names over ZMQ) or
+    `cuda_ipc` (same host, GPU to GPU: CUDA IPC handles over ZMQ)."""
     from cadence.kv_transfer.connector import KVLayers
+    from cadence.kv_transfer.cuda_ipc import CudaIpcKVConnector
     from cadence.kv_transfer.shm import ShmKVConnector
     from cadence.kv_transfer.tcp import TcpKVConnector
 
-    cls = {"tcp": TcpKVConnector, "shm": ShmKVConnector}[config.kv_connector]
+    cls = {"tcp": TcpKVConnector, "shm": ShmKVConnector, "cuda_ipc": CudaIpcKVConnector}[
+        config.kv_connector
+    ]
     layers = KVLayers(kv_caches, config.cache.block_size)
     return cls(layers, config.kv_role, config.kv_transfer_host, config.kv_transfer_port)

@@ -16,8 +16,8 @@ The seam, in tokens and block ids:
                                                     decode: fetch the K/V of tokens [start,
                                                     end) into these blocks, in the background
         finished_loads() -> [(request_id, error)]   loads that ended (error None: loaded)
-    worker side (the K/V tensors, layer by layer)
-        gather_layers(block_ids) / scatter_layer(layer, block_ids, tensor)
+    worker side (KVLayers: the K/V tensors, layer by layer)
+        gather(block_ids) / to_host(...) / write(block_ids, layers, after)
 
 The decode engine always computes the prompt's last token itself (its logits give the first
 output token), so it loads at most prompt_len - 1 tokens, after its own prefix-cache hits.
@@ -34,23 +34,72 @@ from cadence.kv_transfer.params import DECODE, PREFILL  # noqa: F401 (re-exporte
 
 class KVLayers:
     """The worker side: one engine's K/V tensors ([2, num_blocks, block_size, heads, dim]
-    per layer), read and written a layer at a time by block ids."""
+    per layer), read and written by block ids.
+
+    On a GPU the engine's kernels run on the default stream; copies into or out of host
+    memory (or another GPU) run on `copy_stream`, ordered after an event the engine thread
+    records (`engine_point`), so a transfer never holds up the engine's own kernels."""
 
     def __init__(self, kv_caches: list[torch.Tensor], block_size: int) -> None:
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.device = kv_caches[0].device
+        self.on_gpu = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.on_gpu else None
 
     def layout(self) -> list[tuple[list[int], str]]:
         """Per layer: the shape of one block's K/V ([2, block_size, heads, dim]) and dtype."""
         return [([2, *c.shape[2:]], str(c.dtype).removeprefix("torch.")) for c in self.kv_caches]
 
-    def gather_layers(self, block_ids: list[int]):
-        """Each layer's K/V of these blocks, copied to host memory: [2, n, block, heads, dim]."""
-        ids = torch.tensor(block_ids, dtype=torch.long, device=self.kv_caches[0].device)
-        for cache in self.kv_caches:
-            yield cache.index_select(1, ids).to("cpu")
+    def block_shape(self, layer: int, num_blocks: int) -> tuple[int, ...]:
+        """The shape of `num_blocks` blocks of one layer: [2, n, block, heads, dim]."""
+        return (2, num_blocks, *self.kv_caches[layer].shape[2:])
 
-    def scatter_layer(self, layer: int, block_ids: list[int], kv: torch.Tensor) -> None:
-        cache = self.kv_caches[layer]
-        ids = torch.tensor(block_ids, dtype=torch.long, device=cache.device)
-        cache.index_copy_(1, ids, kv.to(cache.device, non_blocking=False))
+    def engine_point(self) -> torch.cuda.Event | None:
+        """An event after everything the engine thread has queued so far (None on the
+        CPU). Call it on the engine thread."""
+        if not self.on_gpu:
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def _ids(self, block_ids: list[int]) -> torch.Tensor:
+        return torch.tensor(block_ids, dtype=torch.long, device=self.device)
+
+    def gather(self, block_ids: list[int]) -> list[torch.Tensor]:
+        """Each layer's K/V of these blocks, copied out of the pool on the pool's device
+        (on a GPU: queued on the engine's stream, after the passes that wrote them)."""
+        ids = self._ids(block_ids)
+        return [cache.index_select(1, ids) for cache in self.kv_caches]
+
+    def to_host(
+        self, tensors: list[torch.Tensor], after, out: list[torch.Tensor] | None = None
+    ) -> list[torch.Tensor]:
+        """Device tensors (from `gather`) copied into host memory (`out`, or new tensors),
+        on the copy stream after the event `after`. Blocks the calling thread until done:
+        call it off the engine thread."""
+        out = out if out is not None else [torch.empty(t.shape, dtype=t.dtype) for t in tensors]
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(after)
+            for src, dst in zip(tensors, out):
+                dst.copy_(src)
+        self.copy_stream.synchronize()
+        return out
+
+    def write(self, block_ids: list[int], layers, after) -> None:
+        """Writes each layer's K/V (an iterable of [2, n, block, heads, dim] tensors, in
+        host memory or on any GPU) into these blocks; returns when written. On a GPU the
+        copies run on the copy stream after `after` (the blocks' previous owner may still
+        be read by kernels queued before them)."""
+        if not self.on_gpu:
+            ids = self._ids(block_ids)
+            for cache, kv in zip(self.kv_caches, layers, strict=True):
+                cache.index_copy_(1, ids, kv)
+            return
+        with torch.cuda.stream(self.copy_stream):
+            self.copy_stream.wait_event(after)
+            ids = self._ids(block_ids)  # (on the copy stream: no wait for the engine's)
+            for cache, kv in zip(self.kv_caches, layers, strict=True):
+                cache.index_copy_(1, ids, kv.to(self.device, non_blocking=True))
+        self.copy_stream.synchronize()

@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+from concurrent.futures import Future
 
 import numpy as np
 import torch
 import zmq
 
-from cadence.kv_transfer.tcp import TcpKVConnector
+from cadence.kv_transfer.tcp import TcpKVConnector, done_future
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
@@ -29,20 +30,26 @@ class ShmKVConnector(TcpKVConnector):
         self._prefix = f"cadence-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         super().__init__(*args, **kw)
 
-    def _stage(self, transfer_id: str, block_ids: list[int]) -> list[torch.Tensor]:
+    def _stage(self, transfer_id: str, block_ids: list[int]) -> tuple[Future, int]:
         layers = self.layers.kv_caches
-        per_layer = [2 * len(block_ids) * c[0, 0].numel() * c.element_size() for c in layers]
+        n = len(block_ids)
+        per_layer = [2 * n * c[0, 0].numel() * c.element_size() for c in layers]
         path = os.path.join(SHM_DIR or "/tmp", f"{self._prefix}-{len(self._files)}-{transfer_id}")
         raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="w+", shape=(sum(per_layer),)))
-        ids = torch.tensor(block_ids, dtype=torch.long, device=layers[0].device)
-        tensors, at = [], 0
-        for cache, size in zip(layers, per_layer):
-            dst = raw[at : at + size].view(cache.dtype).view(2, len(block_ids), *cache.shape[2:])
-            dst.copy_(cache.index_select(1, ids))
-            tensors.append(dst)
-            at += size
         self._files[transfer_id] = path
-        return tensors
+        files, at = [], 0
+        for layer, (cache, size) in enumerate(zip(layers, per_layer)):
+            files.append(
+                raw[at : at + size].view(cache.dtype).view(self.layers.block_shape(layer, n))
+            )
+            at += size
+        if not self.layers.on_gpu:  # straight from the pool into the file
+            ids = torch.tensor(block_ids, dtype=torch.long)
+            for cache, dst in zip(layers, files):
+                torch.index_select(cache, 1, ids, out=dst)
+            return done_future(files), sum(per_layer)
+        on_device, after = self.layers.gather(block_ids), self.layers.engine_point()
+        return self._stager.submit(self.layers.to_host, on_device, after, files), sum(per_layer)
 
     def _discard(self, transfer_id: str) -> None:
         path = self._files.pop(transfer_id, None)
@@ -54,22 +61,22 @@ class ShmKVConnector(TcpKVConnector):
         total = tensors[0].shape[1]
         return {"shm": self._files[transfer_id], "first": lo, "total_blocks": total}, []
 
-    def _received_layers(self, info: dict, frames: list, n: int, sock: zmq.Socket):
+    def _received_layers(self, info: dict, frames: list, n: int):
         path = info.get("shm")
         if not path:
             raise RuntimeError("the prefill engine did not answer through shared memory")
-        try:
-            mm = np.memmap(path, dtype=np.uint8, mode="r")
-            at, lo, total = 0, info["first"], info["total_blocks"]
-            for cache in self.layers.kv_caches:
-                block = cache[0, 0].numel() * cache.element_size()  # bytes of one block's K
-                size = 2 * total * block
-                wanted = mm[at : at + size].reshape(2, total, block)[:, lo : lo + n]
-                yield torch.from_numpy(wanted.copy()).view(-1)  # a private copy of n blocks
-                at += size
-            del mm
-        finally:
-            sock.send_multipart([b"release", info.get("transfer_id", "").encode()])
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        at, lo, total = 0, info["first"], info["total_blocks"]
+        for layer, cache in enumerate(self.layers.kv_caches):
+            block = cache[0, 0].numel() * cache.element_size()  # bytes of one block's K
+            size = 2 * total * block
+            wanted = mm[at : at + size].reshape(2, total, block)[:, lo : lo + n]
+            kv = torch.from_numpy(wanted.copy())  # a private copy of the n blocks
+            yield kv.view(cache.dtype).view(self.layers.block_shape(layer, n))
+            at += size
+
+    def _loaded(self, info: dict, sock: zmq.Socket) -> None:
+        sock.send_multipart([b"release", info.get("transfer_id", "").encode()])
 
     def close(self) -> None:
         super().close()

@@ -1,7 +1,7 @@
 """The TCP connector (ZMQ): a prefill engine serves staged K/V, a decode engine fetches it.
 
-    prefill:  save()  copies the finished request's blocks to host memory, layer by layer,
-              and keeps them under its transfer id (at most MAX_STAGED_BYTES in all, the
+    prefill:  save()  copies the finished request's blocks to host memory, layer by layer
+              (on a GPU: on a stager thread and a side stream), and keeps them under its transfer id (at most MAX_STAGED_BYTES in all, the
               oldest dropped first) until a decode engine asks; a thread answers on a ROUTER
               socket: [transfer id, first block, block count] -> [header, one frame per layer]
     decode:   start_load() hands the fetch to a loader thread, which writes each layer's
@@ -9,6 +9,7 @@
               scheduler. The engine keeps stepping other requests meanwhile.
 
 Works between hosts and on one host (127.0.0.1), CPU or GPU (through host memory).
+Subclasses change the transport (the `_stage` ... `_loaded` hooks): shm.py, cuda_ipc.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import queue
 import threading
 import warnings
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import zmq
@@ -33,7 +34,15 @@ LOAD_TIMEOUT_S = 30.0  # a fetch that takes longer fails (the request computes l
 POLL_MS = 200
 
 
+def done_future(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
 class TcpKVConnector:
+    max_staged_bytes = MAX_STAGED_BYTES
+
     def __init__(self, layers: KVLayers, role: str, host: str = "127.0.0.1", port: int = 0) -> None:
         if role not in (PREFILL, DECODE):
             raise ValueError(f"kv_role must be prefill or decode, got {role!r}")
@@ -46,8 +55,9 @@ class TcpKVConnector:
         self._staged_bytes = 0
         self._lock = threading.Lock()
         self._done: queue.SimpleQueue = queue.SimpleQueue()
-        self._loader = None
+        self._loader = self._stager = None
         if role == PREFILL:
+            self._stager = ThreadPoolExecutor(1, thread_name_prefix="cadence-kv-stage")
             sock = self._ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
             if port:
@@ -66,26 +76,34 @@ class TcpKVConnector:
     # ---- prefill side -----------------------------------------------------------------
 
     def save(self, transfer_id: str, block_ids: list[int], num_tokens: int) -> None:
-        tensors = self._stage(transfer_id, block_ids)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        """Stage a finished request's K/V. Called on the engine thread: on a GPU it only
+        queues a device-side copy of the blocks; the copy to host memory runs on the
+        stager thread (a fetch waits for it), so the engine does not stall."""
+        staged, nbytes = self._stage(transfer_id, block_ids)
         with self._lock:
             old = self._staged.pop(transfer_id, None)
             if old is not None:
                 self._staged_bytes -= old[2]
                 self._discard(transfer_id)
-            self._staged[transfer_id] = (num_tokens, tensors, nbytes)
+            self._staged[transfer_id] = (num_tokens, staged, nbytes)
             self._staged_bytes += nbytes
-            while self._staged_bytes > MAX_STAGED_BYTES and len(self._staged) > 1:
+            while self._staged_bytes > self.max_staged_bytes and len(self._staged) > 1:
                 dropped, (_, _, size) = self._staged.popitem(last=False)
                 self._staged_bytes -= size
                 self._discard(dropped)
                 logger.warning("KV transfer %s dropped unfetched (staging full)", dropped)
 
-    # The transport: how staged K/V is kept, sent and read (shm.py keeps it in files).
+    # The transport: how staged K/V is kept, sent and read (shm.py keeps it in files,
+    # cuda_ipc.py on the GPU).
 
-    def _stage(self, transfer_id: str, block_ids: list[int]) -> list[torch.Tensor]:
-        """Each layer's K/V of these blocks, in host memory ([2, n, block, heads, dim])."""
-        return list(self.layers.gather_layers(block_ids))
+    def _stage(self, transfer_id: str, block_ids: list[int]) -> tuple[Future, int]:
+        """(a future of each layer's K/V of these blocks in host memory, [2, n, block,
+        heads, dim]; its size in bytes)."""
+        tensors = self.layers.gather(block_ids)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if not self.layers.on_gpu:
+            return done_future(tensors), nbytes
+        return self._stager.submit(self.layers.to_host, tensors, self.layers.engine_point()), nbytes
 
     def _discard(self, transfer_id: str) -> None:
         """A staged transfer is gone (fetched and released, dropped, or replaced)."""
@@ -96,14 +114,18 @@ class TcpKVConnector:
         frames = [t[:, lo : lo + n].contiguous().view(torch.uint8).numpy() for t in tensors]
         return {}, frames
 
-    def _received_layers(self, info: dict, frames: list, n: int, sock: zmq.Socket):
-        """Per layer, the fetched blocks' raw bytes (then tell the server, if it waits)."""
+    def _received_layers(self, info: dict, frames: list, n: int):
+        """Per layer, the fetched blocks' K/V ([2, n, block, heads, dim])."""
         if len(frames) != len(self.layers.kv_caches):
             raise RuntimeError(f"{len(frames)} layers sent, {len(self.layers.kv_caches)} expected")
         with warnings.catch_warnings():  # read-only, and only read: no copy
             warnings.simplefilter("ignore", UserWarning)
-            for frame in frames:
-                yield torch.frombuffer(frame.buffer, dtype=torch.uint8)
+            for layer, (frame, cache) in enumerate(zip(frames, self.layers.kv_caches)):
+                raw = torch.frombuffer(frame.buffer, dtype=torch.uint8)
+                yield raw.view(cache.dtype).view(self.layers.block_shape(layer, n))
+
+    def _loaded(self, info: dict, sock: zmq.Socket) -> None:
+        """The fetched K/V is in this engine's blocks (tell the server, if it waits)."""
 
     @property
     def num_staged(self) -> int:
@@ -130,7 +152,13 @@ class TcpKVConnector:
                 header = {"ok": False, "error": f"no staged K/V for transfer {tid.decode()!r}"}
                 sock.send_multipart([ident, json.dumps(header).encode()])
                 continue
-            num_tokens, tensors, _ = entry
+            num_tokens, staged, _ = entry
+            try:
+                tensors = staged.result()
+            except Exception as e:  # the staging copy failed
+                header = {"ok": False, "error": f"staging failed: {type(e).__name__}: {e}"}
+                sock.send_multipart([ident, json.dumps(header).encode()])
+                continue
             lo, n = int(first), int(count)
             if lo + n > tensors[0].shape[1]:
                 header = {"ok": False, "error": f"blocks [{lo}, {lo + n}) of {tensors[0].shape[1]}"}
@@ -165,9 +193,12 @@ class TcpKVConnector:
             params["transfer_id"],
             first,
             block_ids[first:last],
+            self.layers.engine_point(),
         )
 
-    def _load(self, request_id: str, addr: str, tid: str, first: int, dst: list[int]) -> None:
+    def _load(
+        self, request_id: str, addr: str, tid: str, first: int, dst: list[int], after
+    ) -> None:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -185,12 +216,10 @@ class TcpKVConnector:
                 or [[list(s), d] for s, d in layout] != info["layout"]
             ):
                 raise RuntimeError("the prefill engine's K/V layout differs from this one's")
-            raws = self._received_layers(info, frames, len(dst), sock)
-            for layer, (raw, (shape, dtype)) in enumerate(zip(raws, layout)):
-                kv = raw.view(getattr(torch, dtype)).view(2, len(dst), *shape[1:])
-                self.layers.scatter_layer(layer, dst, kv)
-            if torch.cuda.is_available() and self.layers.kv_caches[0].is_cuda:
-                torch.cuda.synchronize(self.layers.kv_caches[0].device)
+            try:
+                self.layers.write(dst, self._received_layers(info, frames, len(dst)), after)
+            finally:
+                self._loaded(info, sock)
             self._done.put((request_id, None))
         except Exception as e:  # any failure: the request computes its prompt locally
             self._done.put((request_id, f"{type(e).__name__}: {e}"))
@@ -211,6 +240,7 @@ class TcpKVConnector:
             self._loader.shutdown(wait=True, cancel_futures=False)
         if self.role == PREFILL:
             self._server.join(2)
+            self._stager.shutdown(wait=True)
             with self._lock:
                 for tid in list(self._staged):
                     self._discard(tid)

@@ -68,12 +68,14 @@ def test_decode_engine_output_equals_transformers(engines, hf_model):
     prompts = make_prompts(512, [5, 17, 40, 64, 33], seed=41)
     want = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
     before = decode.timeline.num_steps
-    loaded = decode.scheduler.remote.num_loaded_tokens
+    loaded = decode.scheduler.remote.stats.num_loaded_tokens
     assert disaggregated(prefill, decode, prompts, "a") == want
     # The decode engine computed one prompt token per request; the rest was loaded.
     steps = decode.timeline.snapshot(since=before)
     assert sum(s["prefill_tokens"] for s in steps) == len(prompts)
-    assert decode.scheduler.remote.num_loaded_tokens - loaded == sum(len(p) - 1 for p in prompts)
+    assert decode.scheduler.remote.stats.num_loaded_tokens - loaded == sum(
+        len(p) - 1 for p in prompts
+    )
 
 
 def test_prefix_hits_on_both_sides(engines, hf_model):
@@ -85,13 +87,15 @@ def test_prefix_hits_on_both_sides(engines, hf_model):
         hf_greedy(hf_model(path), p, NEW_TOKENS) for p in first
     ]
     hits_p, hits_d = prefill.kv.stats.hits, decode.kv.stats.hits
-    loaded = decode.scheduler.remote.num_loaded_tokens
+    loaded = decode.scheduler.remote.stats.num_loaded_tokens
     assert disaggregated(prefill, decode, later, "c") == [
         hf_greedy(hf_model(path), p, NEW_TOKENS) for p in later
     ]
     assert prefill.kv.stats.hits - hits_p >= 2 * 48  # the prefill engine reused the trunk
     assert decode.kv.stats.hits - hits_d >= 2 * 48  # and the decode engine had it already
-    assert decode.scheduler.remote.num_loaded_tokens - loaded == sum(len(p) - 1 - 48 for p in later)
+    assert decode.scheduler.remote.stats.num_loaded_tokens - loaded == sum(
+        len(p) - 1 - 48 for p in later
+    )
 
 
 def test_fetched_transfers_leave_nothing_behind(engines):
@@ -108,10 +112,10 @@ def test_fetched_transfers_leave_nothing_behind(engines):
 def test_a_failed_transfer_computes_the_prompt_locally(engines, hf_model):
     path, prefill, decode = engines
     prompts = make_prompts(512, [30], seed=45)
-    failed = decode.scheduler.remote.num_failed_loads
+    failed = decode.scheduler.remote.stats.num_failed_loads
     out = disaggregated(prefill, decode, prompts, "e", tids=["no-such-transfer"])
     assert out == [hf_greedy(hf_model(path), prompts[0], NEW_TOKENS)]
-    assert decode.scheduler.remote.num_failed_loads == failed + 1
+    assert decode.scheduler.remote.stats.num_failed_loads == failed + 1
 
 
 def test_an_abort_while_loading_frees_the_blocks_when_the_load_ends(engines):

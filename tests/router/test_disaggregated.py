@@ -1,7 +1,9 @@
-"""Disaggregated prefill/decode on the CPU: `cadence serve --kv-role prefill`, `cadence serve
---kv-role decode` and `cadence router --prefill URL --decode URL`, the K/V moving over the
-TCP connector or through shared memory. Float32 greedy output equals a single engine's,
-streamed or not, for prompts of one block or many; prefix caches hit on both sides."""
+"""Disaggregated prefill/decode: `cadence serve --kv-role prefill`, `cadence serve --kv-role
+decode` and `cadence router --prefill URL --decode URL`, the K/V moving over the TCP
+connector or through shared memory on the CPU; on a GPU machine also from GPU to GPU
+(CUDA IPC; both engines on one GPU, and on two when there are two). Float32 greedy output
+equals a single engine's, streamed or not, for prompts of one block or many; prefix caches
+hit on both sides; the engines' /metrics count what moved."""
 
 from __future__ import annotations
 
@@ -9,20 +11,55 @@ import json
 
 import httpx
 import pytest
+import torch
 from model_helpers import make_prompts
 from router_helper import router
 from server_helper import Server, metric
 
-ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "256"]
-ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
+ARGS = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
+CPU = ["--device", "cpu", "--cpu-threads", "1"]
+NUM_GPUS = torch.cuda.device_count()
 
 
-@pytest.fixture(scope="module", params=["tcp", "shm"])
+def on_gpu(connector: str, gpus: int = 1):
+    why = "needs a CUDA device" if gpus == 1 else "needs two CUDA devices"
+    marks = [pytest.mark.gpu, pytest.mark.skipif(gpus > NUM_GPUS, reason=why)]
+    return pytest.param(("cuda", connector, gpus), marks=marks, id=f"cuda{gpus}-{connector}")
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(("cpu", "tcp", 0), id="cpu-tcp"),
+        pytest.param(("cpu", "shm", 0), id="cpu-shm"),
+        on_gpu("tcp"),
+        on_gpu("shm"),
+        on_gpu("cuda_ipc"),
+        on_gpu("cuda_ipc", gpus=2),
+    ],
+)
 def pd(tiny_model_dir, request):
-    """(router URL, prefill server, decode server), over each connector."""
+    """(router URL, prefill server, decode server), over each connector and device. With
+    two GPUs the decode engine runs on the second and sees the first (its K/V source)."""
+    device, connector, gpus = request.param
+    flags = CPU if device == "cpu" else ["--device", "cuda"]
+    envs = [None, None]
+    if gpus == 2:
+        envs = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1,0"}]
     servers = [
-        Server([tiny_model_dir("llama"), *ARGS, "--kv-role", role, "--kv-connector", request.param])
-        for role in ("prefill", "decode")
+        Server(
+            [
+                tiny_model_dir("llama"),
+                *ARGS,
+                *flags,
+                "--kv-role",
+                role,
+                "--kv-connector",
+                connector,
+            ],
+            env=env,
+        )
+        for role, env in zip(("prefill", "decode"), envs)
     ]
     try:
         for s in servers:
@@ -61,15 +98,32 @@ def last_step(server: Server) -> int:
     return httpx.get(server.url + "/v1/engine/stats").json()["num_steps"]
 
 
+def kv_transfer(server: Server) -> dict:
+    return httpx.get(server.url + "/v1/engine/stats").json()["kv_transfer"]
+
+
 def test_output_equals_a_single_engine(pd):
     url, prefill, decode = pd
     prompts = make_prompts(512, [5, 17, 40, 64, 100], seed=51)
-    want = [complete(decode.url, p) for p in prompts]  # the decode engine alone
+    # One engine alone (the prefill engine: the decode engine's cache stays cold, so it
+    # loads every prompt but its last token).
+    want = [complete(prefill.url, p) for p in prompts]
     mark = last_step(decode)
+    saved, loaded = kv_transfer(prefill), kv_transfer(decode)
     got = [complete(url, p, stream=i % 2 == 1) for i, p in enumerate(prompts)]
     assert got == want
     # Through the router the decode engine computed only each prompt's last token.
     assert prefill_tokens_since(decode, mark) == len(prompts)
+    # What moved, as both engines count it (in /metrics too: engine_view reads the same).
+    after = kv_transfer(decode)
+    assert after["loads"] - loaded["loads"] == len(prompts)
+    assert after["loaded_tokens"] - loaded["loaded_tokens"] == sum(len(p) - 1 for p in prompts)
+    assert after["failed_loads"] == loaded["failed_loads"]
+    assert after["load_seconds"] > loaded["load_seconds"]
+    saved_now = kv_transfer(prefill)["saved_tokens"]
+    assert saved_now - saved["saved_tokens"] == sum(len(p) for p in prompts)
+    m = httpx.Client(base_url=decode.url)
+    assert metric(m, "cadence:kv_transfer_loaded_tokens_total") == after["loaded_tokens"]
 
 
 def test_prefix_caches_hit_on_both_sides(pd):

@@ -1,0 +1,39 @@
+"""The disaggregated-serving flags: a bad role, connector or combination is a usage error
+that names the problem (exit 2), before any model loads."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cadence.cli.args import add_engine_args, check_engine_args
+
+
+def parse(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    return check_engine_args(parser, parser.parse_args(["m", *argv]))
+
+
+def test_roles_and_connectors():
+    kw = parse(["--kv-role", "decode", "--kv-connector", "cuda_ipc", "--device", "cuda"])
+    assert (kw["kv_role"], kw["kv_connector"]) == ("decode", "cuda_ipc")
+    kw = parse(["--kv-role", "prefill", "--kv-connector", "shm", "--kv-transfer-port", "7100"])
+    assert (kw["kv_connector"], kw["kv_transfer_port"]) == ("shm", 7100)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--kv-role", "both"], "kv_role must be prefill or decode"),
+        (["--kv-connector", "rdma"], "kv_connector must be tcp, shm or cuda_ipc"),
+        (["--kv-connector", "cuda_ipc", "--device", "cpu"], "cuda_ipc needs a GPU"),
+        (["--kv-role", "decode", "-tp", "2"], "tensor_parallel_size 1"),
+    ],
+)
+def test_bad_combinations_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
