@@ -8,6 +8,9 @@ queue with those tokens computed (and their blocks entered in the prefix cache o
 so no other request reads K/V that has not arrived); the next step computes its last prompt
 token and samples. A failed load frees the blocks and the request computes its prompt here.
 An aborted request keeps its blocks until its load ends (the loader may be writing them).
+Requests that want the same transfer while it loads (the n samples of one prompt) follow
+it: they leave the queue with it and come back when its load ends, to find its blocks in
+the prefix cache (a transfer is served once).
 
 Prefill engine: a finished request that wants a remote decode has its prompt's K/V staged
 by the connector before its blocks are freed.
@@ -36,6 +39,8 @@ class RemotePrefills:
         # request id -> (request, end of the loaded tokens, time.monotonic() at start)
         self.loading: dict[str, tuple[Request, int, float]] = {}
         self.cancelled: set[str] = set()
+        # (remote address, transfer id) -> requests waiting on that load (its first: loading)
+        self.transfers: dict[tuple[str, str], list[Request]] = {}
         self.stats = KVTransferStats()
 
     # ---- decode side ------------------------------------------------------------------
@@ -55,14 +60,21 @@ class RemotePrefills:
         if num_remote <= 0:
             req.remote_prefill_done = True
             return False
+        params = req.sampling_params.kv_transfer_params
+        key = (params["remote_addr"], params["transfer_id"])
+        if key in self.transfers:  # being loaded for another request: follow it
+            req.remote_prefill_done = True
+            self.transfers[key].append(req)
+            return True
         if self.kv.allocate_slots(req, num_remote, hits, cache=False) is None:
             return None
         req.remote_prefill_done = True
         req.num_computed_tokens = num_hit_tokens
         self.loading[req.request_id] = (req, end, time.monotonic())
+        self.transfers[key] = [req]
         self.connector.start_load(
             req.request_id,
-            req.sampling_params.kv_transfer_params,
+            params,
             self.kv.get_block_ids(req.request_id),
             num_hit_tokens,
             end,
@@ -74,9 +86,12 @@ class RemotePrefills:
         ready = []
         for rid, err in self.connector.finished_loads():
             req, end, started = self.loading.pop(rid)
+            params = req.sampling_params.kv_transfer_params
+            followers = self.transfers.pop((params["remote_addr"], params["transfer_id"]))[1:]
             if rid in self.cancelled:
                 self.cancelled.discard(rid)
                 self.kv.free(req)
+                ready.extend(followers)
                 continue
             if err is None:
                 self.stats.num_loads += 1
@@ -90,11 +105,29 @@ class RemotePrefills:
                 self.kv.free(req)
                 req.num_computed_tokens = 0
             ready.append(req)
+            ready.extend(followers)  # (they find its blocks in the prefix cache)
         return ready
 
-    def cancel(self, req: Request) -> None:
-        """An abort while loading: its blocks are freed when the load ends."""
-        self.cancelled.add(req.request_id)
+    @property
+    def num_held(self) -> int:
+        return sum(len(waiting) for waiting in self.transfers.values())
+
+    def holds(self, request_id: str) -> bool:
+        """Out of the queues: loading, or following another request's load."""
+        return request_id in self.loading or any(
+            r.request_id == request_id for waiting in self.transfers.values() for r in waiting
+        )
+
+    def cancel(self, req: Request) -> bool:
+        """An abort of a request this holds. True: it was loading, its blocks are freed
+        when the load ends; False: it was following (it holds no blocks)."""
+        if req.request_id in self.loading:
+            self.cancelled.add(req.request_id)
+            return True
+        for waiting in self.transfers.values():
+            if req in waiting[1:]:
+                waiting.remove(req)
+        return False
 
     # ---- prefill side -----------------------------------------------------------------
 

@@ -94,10 +94,12 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue
-            if self.remote is not None and rid in self.remote.loading:
-                self.remote.cancel(req)  # its blocks go when the load ends
-                req.status = status
-                del self.requests[rid]
+            if self.remote is not None and self.remote.holds(rid):
+                if self.remote.cancel(req):  # loading: its blocks go when the load ends
+                    req.status = status
+                    del self.requests[rid]
+                else:  # following another's load: it holds nothing
+                    self._finish(req, status)
                 aborted.append(req)
                 continue
             if req.status == RequestStatus.RUNNING:
@@ -109,7 +111,7 @@ class Scheduler:
         return aborted
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or (self.remote and self.remote.loading))
+        return bool(self.waiting or self.running or (self.remote and self.remote.transfers))
 
     @property
     def num_unfinished(self) -> int:
@@ -413,7 +415,7 @@ class Scheduler:
             preempted = sum(r.status == RequestStatus.PREEMPTED for r in self.waiting)
         return SchedulerStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting) + (len(self.remote.loading) if self.remote else 0),
+            num_waiting=len(self.waiting) + (self.remote.num_held if self.remote else 0),
             num_preempted=preempted,
             kv_blocks_cached=self.kv.num_cached_free_blocks,
             kv_usage=self.kv.usage,

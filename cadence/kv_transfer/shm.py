@@ -3,8 +3,8 @@
 The prefill engine writes a finished request's K/V once, straight from its pool into a file
 under /dev/shm (one file per transfer: the layers back to back, [2, n, block, heads, dim]
 each); a decode engine on the same machine maps the file, copies the blocks it wants into
-its own pool (host to device on a GPU), and sends "release", on which the file is deleted.
-No bytes go through a socket. Files left by a decode engine that never released them go
+its own pool (host to device on a GPU), and then sends "release", on which the file is
+deleted. No bytes go through a socket. Files left by a decode engine that never released them go
 with the staging bound (oldest first) or when the prefill engine stops.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
+import warnings
 from concurrent.futures import Future
 
 import numpy as np
@@ -71,7 +72,9 @@ class ShmKVConnector(TcpKVConnector):
             block = cache[0, 0].numel() * cache.element_size()  # bytes of one block's K
             size = 2 * total * block
             wanted = mm[at : at + size].reshape(2, total, block)[:, lo : lo + n]
-            kv = torch.from_numpy(wanted.copy())  # a private copy of the n blocks
+            with warnings.catch_warnings():  # read-only, and only read (release comes after)
+                warnings.simplefilter("ignore", UserWarning)
+                kv = torch.from_numpy(wanted)
             yield kv.view(cache.dtype).view(self.layers.block_shape(layer, n))
             at += size
 

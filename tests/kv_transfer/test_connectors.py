@@ -137,3 +137,36 @@ def test_an_abort_while_loading_frees_the_blocks_when_the_load_ends(engines):
     while decode.has_unfinished_requests():
         assert decode.step() == []
     assert decode.kv.num_free_blocks == decode.kv.pool.num_blocks
+
+
+def test_samples_of_one_prompt_share_one_load(engines, hf_model):
+    """n samples of a prompt are n requests with one transfer id: the first loads it, the
+    others follow and find its blocks in the prefix cache; an aborted follower just goes."""
+    path, prefill, decode = engines
+    prompt = make_prompts(512, [50], seed=47)[0]
+    params = SamplingParams(temperature=0, max_tokens=1)
+    params.kv_transfer_params = {"do_remote_decode": True, "transfer_id": "g"}
+    run(prefill, {"pg": (prompt, params)})
+    stats = decode.scheduler.remote.stats
+    loads, failed, hits = stats.num_loads, stats.num_failed_loads, decode.kv.stats.hits
+    for i in range(3):
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+        params.kv_transfer_params = {
+            "do_remote_prefill": True,
+            "remote_addr": prefill.kv_connector.addr,
+            "transfer_id": "g",
+        }
+        decode.add_request(f"g{i}", prompt, params)
+    out = {f"g{i}": [] for i in range(3)}
+    for u in decode.step():  # starts the load; the others follow it
+        out[u.request_id] += u.new_token_ids
+    assert decode.scheduler.remote.num_held == 3
+    decode.abort(["g2"])
+    while decode.has_unfinished_requests():
+        for u in decode.step():
+            out[u.request_id] += u.new_token_ids
+    want = hf_greedy(hf_model(path), prompt, NEW_TOKENS)
+    assert out == {"g0": want, "g1": want, "g2": []}
+    assert (stats.num_loads, stats.num_failed_loads) == (loads + 1, failed)
+    assert decode.kv.stats.hits - hits >= 48  # g1 took g0's loaded blocks (3 of 16 tokens)
+    assert decode.kv.num_free_blocks == decode.kv.pool.num_blocks

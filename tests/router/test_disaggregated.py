@@ -156,3 +156,18 @@ def test_without_a_reachable_prefill_engine_the_decode_engine_computes(pd, tiny_
     with router([decode.url], "round-robin", prefill=["http://127.0.0.1:9"]) as url:
         assert httpx.get(url + "/health").status_code == 200
         assert [complete(url, p) for p in prompts] == want
+
+
+def test_n_samples_take_the_prompt_from_one_transfer(pd):
+    url, prefill, decode = pd
+    prompt = make_prompts(512, [70], seed=55)[0]
+    body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    want = httpx.post(prefill.url + "/v1/completions", json=body, timeout=120).json()
+    before = kv_transfer(decode)
+    r = httpx.post(url + "/v1/completions", json={**body, "n": 3}, timeout=120)
+    assert r.status_code == 200, r.text
+    texts = [c["text"] for c in r.json()["choices"]]
+    assert texts == [want["choices"][0]["text"]] * 3
+    after = kv_transfer(decode)
+    assert after["loads"] - before["loads"] == 1  # one load, the other samples follow it
+    assert after["failed_loads"] == before["failed_loads"]
