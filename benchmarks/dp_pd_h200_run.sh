@@ -16,10 +16,11 @@
 # fixed KV pool, behind `cadence router` (when only one H200 is lent).
 set -uo pipefail
 OUT=${OUT:-h200-out}
-mkdir -p "$OUT"
+LOGS=${LOGS:-$OUT}  # the servers' and routers' logs (elsewhere: at most 8 files come back)
+mkdir -p "$OUT" "$LOGS"
 source benchmarks/device_env.sh
 M=.gpu-smoke/llama8b
-COMMON=(--load-format dummy --dtype bfloat16 --max-model-len 16384)
+COMMON=(--load-format dummy --dtype bfloat16 --max-model-len 16384 ${SERVE_EXTRA:-})
 CLI=(python3 -m cadence.cli.main)
 PARTS=${PARTS:-dp pd}
 KV_CONNECTOR=${KV_CONNECTOR:-cuda_ipc}
@@ -39,6 +40,10 @@ bench() {  # bench NAME PORT workload...
   python3 benchmarks/dp_hit_rate.py "http://127.0.0.1:$port" --json "$OUT/$name.hits.json" \
     >> "$OUT/$name.log" 2>&1
   python3 benchmarks/dp_summary.py "$OUT" "$name"
+  # STEP_GAPS=1: each engine's step period (start the servers with SERVE_EXTRA=
+  # "--step-timeline-size 100000")
+  [ "${STEP_GAPS:-0}" = 1 ] && python3 benchmarks/step_gaps.py "http://127.0.0.1:$port" \
+    2>&1 | tee -a "$OUT/$name.log"
 }
 stop_all() {  # and wait until the GPUs are free again (engine processes exit after them)
   kill -TERM "$@" 2>/dev/null; wait "$@" 2>/dev/null
@@ -58,16 +63,16 @@ start_dp() {  # start_dp NAME POLICY extra serve flags...: two replicas behind a
   if [ "$ONE_GPU" = 1 ]; then
     for i in 0 1; do
       CUDA_VISIBLE_DEVICES=0 "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" "$@" \
-        --port $((8511 + i)) > "$OUT/$name.server$i.log" 2>&1 &
+        --port $((8511 + i)) > "$LOGS/$name.server$i.log" 2>&1 &
       PIDS+=($!)
       wait_port $((8511 + i)) $! || return 1  # one at a time: each profiles GPU memory
     done
     "${CLI[@]}" router --worker http://127.0.0.1:8511 --worker http://127.0.0.1:8512 \
-      --policy "$policy" --port 8500 > "$OUT/$name.router.log" 2>&1 &
+      --policy "$policy" --port 8500 > "$LOGS/$name.router.log" 2>&1 &
     PIDS+=($!)
   else
     "${CLI[@]}" serve $M "${COMMON[@]}" "$@" -dp 2 --router-policy "$policy" --port 8500 \
-      > "$OUT/$name.server.log" 2>&1 &
+      > "$LOGS/$name.server.log" 2>&1 &
     PIDS+=($!)
   fi
   wait_port 8500
@@ -102,16 +107,16 @@ if has pd; then
   stop_all "${PIDS[@]}"
   CUDA_VISIBLE_DEVICES=$(gpu 0) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
     --kv-role prefill --kv-connector "$KV_CONNECTOR" --port 8501 \
-    > "$OUT/mix_pd_prefill.server.log" 2>&1 &
+    > "$LOGS/mix_pd_prefill.server.log" 2>&1 &
   p1=$!
   [ "$ONE_GPU" = 1 ] && wait_port 8501 $p1
   CUDA_VISIBLE_DEVICES=$(sees 1 0) "${CLI[@]}" serve $M "${COMMON[@]}" "${SHARE[@]}" \
     --kv-role decode --kv-connector "$KV_CONNECTOR" --port 8502 \
-    > "$OUT/mix_pd_decode.server.log" 2>&1 &
+    > "$LOGS/mix_pd_decode.server.log" 2>&1 &
   p2=$!
   wait_port 8501 $p1 && wait_port 8502 $p2
   "${CLI[@]}" router --prefill http://127.0.0.1:8501 --decode http://127.0.0.1:8502 \
-    --policy least-load --port 8500 > "$OUT/mix_pd_router.log" 2>&1 &
+    --policy least-load --port 8500 > "$LOGS/mix_pd_router.log" 2>&1 &
   p3=$!
   wait_port 8500 && bench mix_pd 8500 "${MIX[@]}"
   curl -s localhost:8502/v1/engine/stats | python3 -c \
