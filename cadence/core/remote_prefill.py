@@ -10,7 +10,9 @@ token and samples. A failed load frees the blocks and the request computes its p
 An aborted request keeps its blocks until its load ends (the loader may be writing them).
 Requests that want the same transfer while it loads (the n samples of one prompt) follow
 it: they leave the queue with it and come back when its load ends, to find its blocks in
-the prefix cache (a transfer is served once).
+the prefix cache (a transfer is served once); one that comes after the load ended (the
+last of the transfers remembered) takes the blocks from the prefix cache and computes the
+rest of its prompt.
 
 Prefill engine: a finished request that wants a remote decode has its prompt's K/V staged
 by the connector before its blocks are freed.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from cadence.core.scheduler_output import KVTransferStats
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+MAX_DONE_TRANSFERS = 4096  # transfers remembered as loaded (their late siblings load nothing)
+
 
 class RemotePrefills:
     def __init__(self, connector, kv: KVCacheManager) -> None:
@@ -41,6 +46,7 @@ class RemotePrefills:
         self.cancelled: set[str] = set()
         # (remote address, transfer id) -> requests waiting on that load (its first: loading)
         self.transfers: dict[tuple[str, str], list[Request]] = {}
+        self.done: OrderedDict[tuple[str, str], None] = OrderedDict()  # loads that ended
         self.stats = KVTransferStats()
 
     # ---- decode side ------------------------------------------------------------------
@@ -62,6 +68,9 @@ class RemotePrefills:
             return False
         params = req.sampling_params.kv_transfer_params
         key = (params["remote_addr"], params["transfer_id"])
+        if key in self.done:  # served already (to a sibling): what is cached is all there is
+            req.remote_prefill_done = True
+            return False
         if key in self.transfers:  # being loaded for another request: follow it
             req.remote_prefill_done = True
             self.transfers[key].append(req)
@@ -87,7 +96,11 @@ class RemotePrefills:
         for rid, err in self.connector.finished_loads():
             req, end, started = self.loading.pop(rid)
             params = req.sampling_params.kv_transfer_params
-            followers = self.transfers.pop((params["remote_addr"], params["transfer_id"]))[1:]
+            key = (params["remote_addr"], params["transfer_id"])
+            followers = self.transfers.pop(key)[1:]
+            self.done[key] = None
+            if len(self.done) > MAX_DONE_TRANSFERS:
+                self.done.popitem(last=False)
             if rid in self.cancelled:
                 self.cancelled.discard(rid)
                 self.kv.free(req)

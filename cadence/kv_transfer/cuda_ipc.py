@@ -18,8 +18,8 @@ with prefill on 0); when it cannot, its loads fail and it computes prompts itsel
 
 from __future__ import annotations
 
+import base64
 import logging
-import pickle
 
 import torch
 import zmq
@@ -31,7 +31,70 @@ from cadence.kv_transfer.tcp import TcpKVConnector, done_future
 logger = logging.getLogger(__name__)
 
 MAX_STAGED_BYTES = 2 << 30  # GPU memory outside the KV pool (the memory profile's headroom)
-_DEVICE_ARG = 6  # rebuild_cuda_tensor's storage_device
+
+# rebuild_cuda_tensor's arguments, as reduce_tensor makes them for a 1-D uint8 buffer. They
+# travel as JSON (never pickled: a decode engine reads answers from whatever address a
+# request names): the bytes in base64, the GPU as its UUID, the classes and dtype fixed.
+_IPC_FIELDS = (
+    ("size", list),
+    ("stride", list),
+    ("offset", int),
+    ("storage_cls", None),
+    ("dtype", None),
+    ("device", str),
+    ("handle", bytes),
+    ("storage_size_bytes", int),
+    ("storage_offset_bytes", int),
+    ("requires_grad", bool),
+    ("ref_counter_handle", bytes),
+    ("ref_counter_offset", int),
+    ("event_handle", bytes),
+    ("event_sync_required", bool),
+)
+
+
+def encode_ipc(args: tuple, uuid: str) -> dict:
+    """reduce_tensor's args (without the tensor class) -> plain JSON values."""
+    out = {}
+    for (name, kind), value in zip(_IPC_FIELDS, args[1:], strict=True):
+        if name == "device":
+            value = uuid
+        elif kind is bytes:
+            value = base64.b64encode(value).decode() if value is not None else None
+        elif kind is list:
+            value = list(value)
+        elif kind is None:
+            continue
+        out[name] = value
+    return out
+
+
+def decode_ipc(fields: dict, device: int) -> tuple:
+    """The JSON of encode_ipc -> rebuild_cuda_tensor's args, each value type-checked."""
+    args: list = [torch.Tensor]
+    for name, kind in _IPC_FIELDS:
+        if name == "storage_cls":
+            args.append(torch.storage.TypedStorage)  # (what reduce_tensor sends)
+            continue
+        if name == "dtype":
+            args.append(torch.uint8)
+            continue
+        value = fields.get(name)
+        if name == "device":
+            args.append(device)
+            continue
+        if kind is bytes:
+            if name == "event_handle" and value is None:
+                args.append(None)
+                continue
+            value = base64.b64decode(value, validate=True) if isinstance(value, str) else None
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is list:
+            ok = ok and len(value) == 1 and all(type(v) is int and v >= 0 for v in value)
+        if not ok:
+            raise RuntimeError(f"bad CUDA IPC field {name!r} in the prefill engine's answer")
+        args.append(tuple(value) if kind is list else value)
+    return tuple(args)
 
 
 def device_uuid(index: int) -> str:
@@ -72,10 +135,8 @@ class CudaIpcKVConnector(TcpKVConnector):
         # (the device's default stream, which the engine's gather was queued on).
         with torch.cuda.device(self.layers.device):
             _, args = reduce_tensor(self._buffers[transfer_id])
-        args = list(args)
-        args[_DEVICE_ARG] = self._uuid
-        header = {"first": lo, "total_blocks": tensors[0].shape[1], "ipc": True}
-        return header, [pickle.dumps(tuple(args))]
+        ipc = encode_ipc(args, self._uuid)
+        return {"first": lo, "total_blocks": tensors[0].shape[1], "ipc": ipc}, []
 
     def _discard(self, transfer_id: str) -> None:
         if self._buffers.pop(transfer_id, None) is not None:
@@ -95,16 +156,20 @@ class CudaIpcKVConnector(TcpKVConnector):
         return self._local[uuid]
 
     def _received_layers(self, info: dict, frames: list, n: int):
-        if not info.get("ipc") or len(frames) != 1:
+        ipc = info.get("ipc")
+        if not isinstance(ipc, dict) or frames:
             raise RuntimeError("the prefill engine did not answer with a CUDA IPC handle")
-        args = list(pickle.loads(frames[0].bytes))
-        args[_DEVICE_ARG] = self._local_index(args[_DEVICE_ARG])
+        if not isinstance(ipc.get("device"), str):
+            raise RuntimeError("bad CUDA IPC field 'device' in the prefill engine's answer")
+        args = decode_ipc(ipc, self._local_index(ipc["device"]))
+        at, lo, total = 0, info["first"], info["total_blocks"]
+        sizes = [2 * total * c[0, 0].numel() * c.element_size() for c in self.layers.kv_caches]
+        if args[1:4] != ((sum(sizes),), (1,), 0) or not (lo >= 0 and lo + n <= total):
+            raise RuntimeError("the prefill engine's staged buffer has the wrong size")
         # Opened on the current stream (the copy stream: `write` iterates under it), which
         # then waits for the prefill engine's staging copy.
         buffer = rebuild_cuda_tensor(*args)
-        at, lo, total = 0, info["first"], info["total_blocks"]
-        for layer, cache in enumerate(self.layers.kv_caches):
-            size = 2 * total * cache[0, 0].numel() * cache.element_size()
+        for layer, (cache, size) in enumerate(zip(self.layers.kv_caches, sizes)):
             staged = buffer[at : at + size].view(cache.dtype)
             yield staged.view(self.layers.block_shape(layer, total))[:, lo : lo + n]
             at += size

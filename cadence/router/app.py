@@ -177,6 +177,8 @@ def create_router_app(
                 raise ValueError("the body is not a JSON object")
         except ValueError as e:
             return error(f"invalid JSON body: {e}", 400, "invalid_request_error")
+        if body.pop("kv_transfer_params", None) is not None:  # the router's own field
+            raw = json.dumps(body).encode()
         keys, num_tokens = await asyncio.to_thread(keys_for, path, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         replicas: ReplicaSet = state["replicas"]

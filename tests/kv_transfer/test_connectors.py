@@ -170,3 +170,12 @@ def test_samples_of_one_prompt_share_one_load(engines, hf_model):
     assert (stats.num_loads, stats.num_failed_loads) == (loads + 1, failed)
     assert decode.kv.stats.hits - hits >= 48  # g1 took g0's loaded blocks (3 of 16 tokens)
     assert decode.kv.num_free_blocks == decode.kv.pool.num_blocks
+    # A sibling that comes after the load ended takes the cached blocks, loads nothing.
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    params.kv_transfer_params = {
+        "do_remote_prefill": True,
+        "remote_addr": prefill.kv_connector.addr,
+        "transfer_id": "g",
+    }
+    assert run(decode, {"g3": (prompt, params)}) == {"g3": want}
+    assert (stats.num_loads, stats.num_failed_loads) == (loads + 1, failed)

@@ -153,9 +153,17 @@ def test_without_a_reachable_prefill_engine_the_decode_engine_computes(pd, tiny_
     _, _, decode = pd
     prompts = make_prompts(512, [20, 45], seed=54)
     want = [complete(decode.url, p) for p in prompts]
+    failed = kv_transfer(decode)["failed_loads"]
     with router([decode.url], "round-robin", prefill=["http://127.0.0.1:9"]) as url:
         assert httpx.get(url + "/health").status_code == 200
         assert [complete(url, p) for p in prompts] == want
+        # kv_transfer_params is the router's field: a client's own never reaches an engine
+        # (else a client could make a decode engine load K/V from any address).
+        forged = {"do_remote_prefill": True, "remote_addr": "tcp://127.0.0.1:9", "transfer_id": "x"}
+        body = {"prompt": prompts[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(url + "/v1/completions", json={**body, "kv_transfer_params": forged})
+        assert r.json()["choices"][0]["text"] == want[0]
+    assert kv_transfer(decode)["failed_loads"] == failed
 
 
 def test_n_samples_take_the_prompt_from_one_transfer(pd):
