@@ -37,6 +37,12 @@ logger = logging.getLogger(__name__)
 MAX_DONE_TRANSFERS = 4096  # transfers remembered as loaded (their late siblings load nothing)
 
 
+def _transfer(req: Request) -> tuple[str, str]:
+    """(remote address, transfer id): which prefill engine's staged K/V a request wants."""
+    params = req.sampling_params.kv_transfer_params
+    return params["remote_addr"], params["transfer_id"]
+
+
 class RemotePrefills:
     def __init__(self, connector, kv: KVCacheManager) -> None:
         self.connector = connector
@@ -66,8 +72,7 @@ class RemotePrefills:
         if num_remote <= 0:
             req.remote_prefill_done = True
             return False
-        params = req.sampling_params.kv_transfer_params
-        key = (params["remote_addr"], params["transfer_id"])
+        key = _transfer(req)
         if key in self.done:  # served already (to a sibling): what is cached is all there is
             req.remote_prefill_done = True
             return False
@@ -83,7 +88,7 @@ class RemotePrefills:
         self.transfers[key] = [req]
         self.connector.start_load(
             req.request_id,
-            params,
+            req.sampling_params.kv_transfer_params,
             self.kv.get_block_ids(req.request_id),
             num_hit_tokens,
             end,
@@ -95,8 +100,7 @@ class RemotePrefills:
         ready = []
         for rid, err in self.connector.finished_loads():
             req, end, started = self.loading.pop(rid)
-            params = req.sampling_params.kv_transfer_params
-            key = (params["remote_addr"], params["transfer_id"])
+            key = _transfer(req)
             followers = self.transfers.pop(key)[1:]
             self.done[key] = None
             if len(self.done) > MAX_DONE_TRANSFERS:

@@ -55,6 +55,22 @@ class KVLayers:
         """The shape of `num_blocks` blocks of one layer: [2, n, block, heads, dim]."""
         return (2, num_blocks, *self.kv_caches[layer].shape[2:])
 
+    def nbytes(self, num_blocks: int) -> int:
+        """Bytes of `num_blocks` blocks' K/V over all layers."""
+        return sum(2 * num_blocks * c[0, 0].numel() * c.element_size() for c in self.kv_caches)
+
+    def carve(self, flat: torch.Tensor, num_blocks: int) -> list[torch.Tensor]:
+        """Views of a flat uint8 buffer of `nbytes(num_blocks)` bytes as each layer's
+        [2, n, block, heads, dim], the layers back to back (how shm and cuda_ipc stage)."""
+        views, at = [], 0
+        for layer, cache in enumerate(self.kv_caches):
+            size = 2 * num_blocks * cache[0, 0].numel() * cache.element_size()
+            views.append(
+                flat[at : at + size].view(cache.dtype).view(self.block_shape(layer, num_blocks))
+            )
+            at += size
+        return views
+
     def engine_point(self) -> torch.cuda.Event | None:
         """An event after everything the engine thread has queued so far (None on the
         CPU). Call it on the engine thread."""

@@ -22,7 +22,6 @@ import base64
 import logging
 
 import torch
-import zmq
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from cadence.kv_transfer.connector import KVLayers
@@ -117,18 +116,14 @@ class CudaIpcKVConnector(TcpKVConnector):
     def _stage(self, transfer_id: str, block_ids: list[int]):
         """All layers' blocks into one buffer (one handle to open), [2, n, block, heads,
         dim] per layer, back to back."""
-        layers, n = self.layers, len(block_ids)
-        sizes = [2 * n * c[0, 0].numel() * c.element_size() for c in layers.kv_caches]
-        buffer = torch.empty(sum(sizes), dtype=torch.uint8, device=layers.device)
+        layers, nbytes = self.layers, self.layers.nbytes(len(block_ids))
+        buffer = torch.empty(nbytes, dtype=torch.uint8, device=layers.device)
         ids = torch.tensor(block_ids, dtype=torch.long, device=layers.device)
-        views, at = [], 0
-        for layer, (cache, size) in enumerate(zip(layers.kv_caches, sizes)):
-            view = buffer[at : at + size].view(cache.dtype).view(layers.block_shape(layer, n))
+        views = layers.carve(buffer, len(block_ids))
+        for cache, view in zip(layers.kv_caches, views):
             torch.index_select(cache, 1, ids, out=view)
-            views.append(view)
-            at += size
         self._buffers[transfer_id] = buffer
-        return done_future(views), sum(sizes)
+        return done_future(views), nbytes
 
     def _reply(self, transfer_id: str, tensors: list[torch.Tensor], lo: int, n: int):
         # On the server thread: sharing records an event on this thread's current stream
@@ -162,20 +157,14 @@ class CudaIpcKVConnector(TcpKVConnector):
         if not isinstance(ipc.get("device"), str):
             raise RuntimeError("bad CUDA IPC field 'device' in the prefill engine's answer")
         args = decode_ipc(ipc, self._local_index(ipc["device"]))
-        at, lo, total = 0, info["first"], info["total_blocks"]
-        sizes = [2 * total * c[0, 0].numel() * c.element_size() for c in self.layers.kv_caches]
-        if args[1:4] != ((sum(sizes),), (1,), 0) or not (lo >= 0 and lo + n <= total):
+        lo, total = info["first"], info["total_blocks"]
+        if args[1:4] != ((self.layers.nbytes(total),), (1,), 0) or not 0 <= lo <= lo + n <= total:
             raise RuntimeError("the prefill engine's staged buffer has the wrong size")
         # Opened on the current stream (the copy stream: `write` iterates under it), which
         # then waits for the prefill engine's staging copy.
         buffer = rebuild_cuda_tensor(*args)
-        for layer, (cache, size) in enumerate(zip(self.layers.kv_caches, sizes)):
-            staged = buffer[at : at + size].view(cache.dtype)
-            yield staged.view(self.layers.block_shape(layer, total))[:, lo : lo + n]
-            at += size
-
-    def _loaded(self, info: dict, sock: zmq.Socket) -> None:
-        sock.send_multipart([b"release", info.get("transfer_id", "").encode()])
+        for staged in self.layers.carve(buffer, total):
+            yield staged[:, lo : lo + n]
 
     def close(self) -> None:
         super().close()

@@ -18,7 +18,6 @@ from concurrent.futures import Future
 
 import numpy as np
 import torch
-import zmq
 
 from cadence.kv_transfer.tcp import TcpKVConnector, done_future
 
@@ -32,25 +31,18 @@ class ShmKVConnector(TcpKVConnector):
         super().__init__(*args, **kw)
 
     def _stage(self, transfer_id: str, block_ids: list[int]) -> tuple[Future, int]:
-        layers = self.layers.kv_caches
-        n = len(block_ids)
-        per_layer = [2 * n * c[0, 0].numel() * c.element_size() for c in layers]
+        nbytes = self.layers.nbytes(len(block_ids))
         path = os.path.join(SHM_DIR or "/tmp", f"{self._prefix}-{len(self._files)}-{transfer_id}")
-        raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="w+", shape=(sum(per_layer),)))
+        raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="w+", shape=(nbytes,)))
         self._files[transfer_id] = path
-        files, at = [], 0
-        for layer, (cache, size) in enumerate(zip(layers, per_layer)):
-            files.append(
-                raw[at : at + size].view(cache.dtype).view(self.layers.block_shape(layer, n))
-            )
-            at += size
+        files = self.layers.carve(raw, len(block_ids))
         if not self.layers.on_gpu:  # straight from the pool into the file
             ids = torch.tensor(block_ids, dtype=torch.long)
-            for cache, dst in zip(layers, files):
+            for cache, dst in zip(self.layers.kv_caches, files):
                 torch.index_select(cache, 1, ids, out=dst)
-            return done_future(files), sum(per_layer)
+            return done_future(files), nbytes
         on_device, after = self.layers.gather(block_ids), self.layers.engine_point()
-        return self._stager.submit(self.layers.to_host, on_device, after, files), sum(per_layer)
+        return self._stager.submit(self.layers.to_host, on_device, after, files), nbytes
 
     def _discard(self, transfer_id: str) -> None:
         path = self._files.pop(transfer_id, None)
@@ -66,20 +58,14 @@ class ShmKVConnector(TcpKVConnector):
         path = info.get("shm")
         if not path:
             raise RuntimeError("the prefill engine did not answer through shared memory")
-        mm = np.memmap(path, dtype=np.uint8, mode="r")
-        at, lo, total = 0, info["first"], info["total_blocks"]
-        for layer, cache in enumerate(self.layers.kv_caches):
-            block = cache[0, 0].numel() * cache.element_size()  # bytes of one block's K
-            size = 2 * total * block
-            wanted = mm[at : at + size].reshape(2, total, block)[:, lo : lo + n]
-            with warnings.catch_warnings():  # read-only, and only read (release comes after)
-                warnings.simplefilter("ignore", UserWarning)
-                kv = torch.from_numpy(wanted)
-            yield kv.view(cache.dtype).view(self.layers.block_shape(layer, n))
-            at += size
-
-    def _loaded(self, info: dict, sock: zmq.Socket) -> None:
-        sock.send_multipart([b"release", info.get("transfer_id", "").encode()])
+        lo, total = info["first"], info["total_blocks"]
+        with warnings.catch_warnings():  # read-only, and only read (release comes after)
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="r"))
+        if raw.numel() != self.layers.nbytes(total) or not 0 <= lo <= lo + n <= total:
+            raise RuntimeError("the prefill engine's shared-memory file has the wrong size")
+        for staged in self.layers.carve(raw, total):
+            yield staged[:, lo : lo + n]
 
     def close(self) -> None:
         super().close()

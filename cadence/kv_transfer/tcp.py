@@ -1,8 +1,8 @@
 """The TCP connector (ZMQ): a prefill engine serves staged K/V, a decode engine fetches it.
 
     prefill:  save()  copies the finished request's blocks to host memory, layer by layer
-              (on a GPU: on a stager thread and a side stream), and keeps them under its transfer id (at most MAX_STAGED_BYTES in all, the
-              oldest dropped first) until a decode engine asks; a thread answers on a ROUTER
+              (on a GPU: on a stager thread and a side stream), and keeps them under its
+              transfer id (at most MAX_STAGED_BYTES in all, the oldest dropped first) until a decode engine asks; a thread answers on a ROUTER
               socket: [transfer id, first block, block count] -> [header, one frame per layer]
     decode:   start_load() hands the fetch to a loader thread, which writes each layer's
               frame into the request's blocks as it reads them; finished_loads() tells the
@@ -125,7 +125,9 @@ class TcpKVConnector:
                 yield raw.view(cache.dtype).view(self.layers.block_shape(layer, n))
 
     def _loaded(self, info: dict, sock: zmq.Socket) -> None:
-        """The fetched K/V is in this engine's blocks (tell the server, if it waits)."""
+        """The fetched K/V is in this engine's blocks: the server may let go of its copy
+        (shm deletes the file, cuda_ipc frees the buffer; here it went with the reply)."""
+        sock.send_multipart([b"release", info.get("transfer_id", "").encode()])
 
     @property
     def num_staged(self) -> int:
