@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 from dataclasses import dataclass, field
 
 
@@ -90,6 +92,10 @@ class ParallelConfig:
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle3")
 QUANTIZATIONS = ("auto", "none", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+KV_SECRET_ENV = "CADENCE_KV_TRANSFER_SECRET"
+MIN_SECRET_CHARS = 16
+# A K/V server's address (a prefill engine's; a decode engine connects to it).
+KV_ADDR = re.compile(r"tcp://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}")
 
 
 @dataclass
@@ -183,7 +189,18 @@ class EngineConfig:
     kv_connector: str = "tcp"
     kv_transfer_host: str = "127.0.0.1"  # prefill role: where its K/V server listens
     kv_transfer_port: int = 0  # prefill role: its port (0: a free one)
+    # The deployment's shared secret, the same on every engine and the router: it
+    # authenticates the K/V channel and the router's kv_transfer_params. The environment
+    # variable is the better place: a flag's value shows in the process list.
+    kv_transfer_secret: str | None = (
+        None  # with --kv-role: the deployment's secret (better: $CADENCE_KV_TRANSFER_SECRET)
+    )
+    kv_prefill_addrs: str | None = (
+        None  # decode role: the prefill engines' K/V addresses it may load from, comma-separated tcp://HOST:PORT (none: any that holds the secret)
+    )
     profile_dir: str | None = None  # where POST /start_profile writes torch.profiler traces
+    profile_max_seconds: float = 60.0  # a profile stops (and is written) after this long
+    profile_max_traces: int = 10  # traces kept in --profile-dir (the oldest are deleted)
 
     def validate(self) -> None:
         c, s = self.cache, self.scheduler
@@ -203,6 +220,20 @@ class EngineConfig:
             )
         if self.kv_connector == "cuda_ipc" and self.device == "cpu":
             raise ValueError("--kv-connector cuda_ipc needs a GPU: use shm or tcp on the CPU")
+        if self.kv_role is not None:
+            if self.kv_transfer_secret is None:
+                self.kv_transfer_secret = os.environ.get(KV_SECRET_ENV) or None
+            if len(self.kv_transfer_secret or "") < MIN_SECRET_CHARS:
+                raise ValueError(
+                    f"--kv-role needs the deployment's secret, of {MIN_SECRET_CHARS} characters "
+                    f"or more (e.g. `openssl rand -hex 32`): ${KV_SECRET_ENV} or "
+                    "--kv-transfer-secret"
+                )
+        for addr in (self.kv_prefill_addrs or "").split(","):
+            if addr.strip() and not KV_ADDR.fullmatch(addr.strip()):
+                raise ValueError(f"--kv-prefill-addrs: {addr.strip()!r} is not tcp://HOST:PORT")
+        if self.profile_max_seconds <= 0 or self.profile_max_traces < 1:
+            raise ValueError("profile_max_seconds and profile_max_traces must be positive")
         if self.kv_role and self.parallel.tensor_parallel_size > 1:
             raise ValueError("--kv-role (disaggregated serving) needs tensor_parallel_size 1")
         if self.step_timeline_size < 0:

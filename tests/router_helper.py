@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -10,14 +11,21 @@ import time
 import httpx
 from server_helper import free_port
 
+# The deployment secret of the disaggregated tests (engines and router get it from the
+# environment, as a deployment should give it: not on a command line).
+KV_SECRET = "tests-kv-transfer-secret-0123456789"
+KV_ENV = {"CADENCE_KV_TRANSFER_SECRET": KV_SECRET}
+
 
 @contextlib.contextmanager
-def router(urls: list[str], policy: str, prefill: list[str] = ()):
+def router(urls: list[str], policy: str, prefill: list[str] = (), args: list[str] = ()):
     port = free_port()
     cmd = [sys.executable, "-m", "cadence.cli.main", "router", "--port", str(port)]
     cmd += [arg for u in urls for arg in ("--worker", u)] + ["--policy", policy]
-    cmd += [arg for u in prefill for arg in ("--prefill", u)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd += [arg for u in prefill for arg in ("--prefill", u)] + list(args)
+    log = None if os.environ.get("CADENCE_TEST_SERVER_LOG") else subprocess.DEVNULL
+    env = {**os.environ, **KV_ENV}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):

@@ -33,6 +33,8 @@ _OWN_FLAGS = {
     "--router-cache-threshold",
     "--router-balance-abs-threshold",
     "--router-balance-rel-threshold",
+    "--allowed-hosts",  # the router's door: replicas answer the router on 127.0.0.1
+    "--replica-timeout",
 }
 STARTUP_TIMEOUT_S = 900.0
 
@@ -135,7 +137,7 @@ def stop_replicas(procs: list, timeout_s: float) -> None:
 def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict) -> int:
     import uvicorn
 
-    from cadence.cli.router import load_router_tokenizer, policy_kwargs
+    from cadence.cli.router import load_router_tokenizer, policy_kwargs, router_options
     from cadence.router.app import create_router_app
 
     argv = list(args.argv)
@@ -149,9 +151,8 @@ def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict) -> int:
         tokenizer = load_router_tokenizer(
             engine_kwargs.get("tokenizer") or engine_kwargs.get("model"), urls
         )
-        api_key = args.api_key or os.environ.get("CADENCE_API_KEY")
         app = create_router_app(
-            urls, args.router_policy, tokenizer, api_key=api_key, **policy_kwargs(args)
+            urls, args.router_policy, tokenizer, options=router_options(args), **policy_kwargs(args)
         )
         logger.info(
             "listening on http://%s:%d (%d replicas, %s)",

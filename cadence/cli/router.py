@@ -87,8 +87,15 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key",
         default=None,
-        help="the replicas' API key, for the router's own calls to them (load and health "
-        "polls); clients' requests carry their own (default: $CADENCE_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on every route but /health (the key goes "
+        "on to the replicas as the client sent it; the router polls them with it too) "
+        "(default: $CADENCE_API_KEY)",
+    )
+    parser.add_argument(
+        "--kv-transfer-secret",
+        default=None,
+        help="disaggregated serving: the deployment's secret, the same as the engines' "
+        "(better: $CADENCE_KV_TRANSFER_SECRET; a flag's value shows in the process list)",
     )
     parser.add_argument(
         "--startup-timeout",
@@ -96,7 +103,45 @@ def add_router_args(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="wait up to this many seconds for every replica to be healthy (default: 0)",
     )
+    add_door_args(parser)
     add_routing_args(parser)
+
+
+def add_door_args(parser: argparse.ArgumentParser, serve: bool = False) -> None:
+    """The router's own door. `cadence serve -dp N` (`serve`) has --allowed-hosts and
+    --metrics-public already, as the server's own flags."""
+    g = parser.add_argument_group("router door")
+    if not serve:
+        g.add_argument(
+            "--allowed-hosts",
+            default=None,
+            metavar="NAMES",
+            help="Host header names answered, comma-separated, '*' for any (default: the "
+            "loopback names when bound to loopback, any otherwise)",
+        )
+        g.add_argument(
+            "--metrics-public", action="store_true", help="serve /metrics without the API key"
+        )
+    g.add_argument(
+        "--replica-timeout",
+        type=non_negative_float,
+        default=600.0,
+        help="seconds a replica may send nothing mid-answer before the request fails with "
+        "504 (0: no bound; a replica down for 8 s is given up on anyway) (default: 600)",
+    )
+
+
+def router_options(args: argparse.Namespace, kv_secret: str | None = None):
+    from cadence.entrypoints.guards import parse_allowed_hosts
+    from cadence.router.app import RouterOptions
+
+    return RouterOptions(
+        api_key=args.api_key or os.environ.get("CADENCE_API_KEY"),
+        kv_transfer_secret=kv_secret,
+        allowed_hosts=parse_allowed_hosts(args.allowed_hosts, args.host),
+        metrics_public=args.metrics_public,
+        replica_timeout_s=args.replica_timeout or None,
+    )
 
 
 def load_router_tokenizer(path: str | None, urls: list[str]):
@@ -146,6 +191,14 @@ def run_router(args: argparse.Namespace) -> int:
         args.parser.error("--cache-threshold must be in [0, 1]")
     if not args.workers:
         args.parser.error("give at least one --worker (or --decode) URL")
+    from cadence.config import KV_SECRET_ENV, MIN_SECRET_CHARS
+
+    secret = args.kv_transfer_secret or os.environ.get(KV_SECRET_ENV) or None
+    if args.prefill and len(secret or "") < MIN_SECRET_CHARS:
+        args.parser.error(
+            f"--prefill needs the deployment's secret, of {MIN_SECRET_CHARS} characters or "
+            f"more: ${KV_SECRET_ENV} or --kv-transfer-secret"
+        )
     tokenizer = load_router_tokenizer(args.tokenizer, args.workers)
     app = create_router_app(
         args.workers,
@@ -153,7 +206,7 @@ def run_router(args: argparse.Namespace) -> int:
         tokenizer,
         startup_timeout_s=args.startup_timeout,
         prefill_urls=args.prefill or None,
-        api_key=args.api_key or os.environ.get("CADENCE_API_KEY"),
+        options=router_options(args, secret),
         **policy_kwargs(args),
     )
     logger.info("router listening on http://%s:%d", args.host, args.port)

@@ -9,7 +9,7 @@ from cadence.cli.args import check_engine_args, non_negative_float, positive_flo
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    from cadence.cli.router import add_routing_args
+    from cadence.cli.router import add_door_args, add_routing_args
 
     add_routing_args(parser, prefix="router-")
     s = parser.add_argument_group("server")
@@ -29,6 +29,21 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="require 'Authorization: Bearer KEY' on every endpoint but /health "
         "(or set CADENCE_API_KEY)",
+    )
+    s.add_argument(
+        "--admin-api-key",
+        default=None,
+        help="the key of the admin endpoints (/start_profile, /stop_profile) and of other "
+        "users' request ids in /v1/engine/requests (or set CADENCE_ADMIN_API_KEY; default: "
+        "the --api-key)",
+    )
+    s.add_argument(
+        "--allowed-hosts",
+        default=None,
+        metavar="NAMES",
+        help="Host header names the server answers, comma-separated, '*' for any (default: "
+        "localhost, 127.0.0.1 and ::1 when bound to loopback, any otherwise): refuses web "
+        "pages that re-point their own name at this server (DNS rebinding)",
     )
     s.add_argument(
         "--metrics-public",
@@ -69,11 +84,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, seconds running requests get to finish before they are aborted "
         "(default: 30)",
     )
+    add_door_args(parser, serve=True)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from cadence.config import EngineConfig
     from cadence.entrypoints.api_server import ServerOptions, create_app
+    from cadence.entrypoints.guards import parse_allowed_hosts
     from cadence.entrypoints.launcher import serve
 
     kwargs = check_engine_args(args.parser, args)
@@ -96,6 +113,8 @@ def run_serve(args: argparse.Namespace) -> int:
     options = ServerOptions(
         served_model_name=args.served_model_name,
         api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        allowed_hosts=parse_allowed_hosts(args.allowed_hosts, args.host),
         metrics_public=args.metrics_public,
         max_num_waiting=args.max_num_waiting,
         max_queued_prompt_tokens=args.max_queued_prompt_tokens,

@@ -149,10 +149,17 @@ class RemotePrefills:
     # ---- prefill side -----------------------------------------------------------------
 
     def on_finish(self, req: Request) -> None:
+        """Stage a finished request's prompt K/V (before its blocks are freed). A failure
+        here is logged, never raised: the request is done either way, its blocks must be
+        freed, and a decode engine that finds nothing staged computes the prompt itself."""
         params = req.sampling_params.kv_transfer_params
         if wants_remote_decode(params):
             num_tokens = min(req.num_computed_tokens, req.num_prompt_tokens)
             block_ids = self.kv.get_block_ids(req.request_id)
             num_blocks = -(-num_tokens // self.kv.block_size)
-            self.connector.save(params["transfer_id"], block_ids[:num_blocks], num_tokens)
+            try:
+                self.connector.save(params["transfer_id"], block_ids[:num_blocks], num_tokens)
+            except Exception:
+                logger.exception("request %s: staging its K/V failed", req.request_id)
+                return
             self.stats.num_saved_tokens += num_tokens

@@ -49,23 +49,33 @@ def get_tp() -> TensorParallelGroup:
 
 
 def init_tensor_parallel(
-    rank: int, size: int, device: torch.device, init_method: str
+    rank: int,
+    size: int,
+    device: torch.device,
+    init_method: str,
+    bind_address: str = "127.0.0.1",
+    listen=None,
 ) -> TensorParallelGroup:
-    """Join the group (blocks until all `size` ranks have). `init_method`: tcp://host:port
-    of rank 0. One rank joins nothing."""
+    """Join the group (blocks until all `size` ranks have). `init_method`: file://PATH (one
+    host) or tcp://HOST:PORT of rank 0 (rendezvous.py; rank 0 serves it on `listen` when
+    given). gloo / NCCL bind the interface of `bind_address`, this rank's own address. One
+    rank joins nothing."""
     global _TP
     if size == 1:
         _TP = TensorParallelGroup(0, 1, device)
         return _TP
     import torch.distributed as dist
 
+    from cadence.distributed.rendezvous import make_store, pin_interfaces
+
     if dist.is_initialized():
         raise RuntimeError("this process already belongs to a torch.distributed group")
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
+    pin_interfaces(bind_address)
     dist.init_process_group(
         backend,
-        init_method=init_method,
+        store=make_store(rank, size, init_method, INIT_TIMEOUT, listen),
         rank=rank,
         world_size=size,
         timeout=INIT_TIMEOUT,

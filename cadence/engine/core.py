@@ -27,7 +27,7 @@ from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
 from cadence.engine import step_timeline as tl
 from cadence.executor import make_executor
-from cadence.kv_transfer.params import check_kv_transfer_params
+from cadence.kv_transfer.params import check_kv_transfer_params, prefill_addrs
 from cadence.sampling_params import SamplingParams
 from cadence.structured.manager import GrammarManager
 from cadence.worker.model_runner import pick_device
@@ -76,6 +76,7 @@ class EngineCore:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens)
         self.kv_connector = None  # disaggregated serving: moves prompt K/V between engines
+        self._prefill_addrs = prefill_addrs(config.kv_prefill_addrs)
         if config.kv_role is not None:
             from cadence.core.remote_prefill import RemotePrefills
             from cadence.kv_transfer import make_connector
@@ -127,7 +128,7 @@ class EngineCore:
     ) -> Request:
         """Validate and queue one sequence. Raises ValueError naming the problem."""
         params.verify(self.vocab_size)
-        check_kv_transfer_params(params.kv_transfer_params)
+        check_kv_transfer_params(params.kv_transfer_params, self._prefill_addrs)
         if not prompt_token_ids:
             raise ValueError("the prompt is empty")
         n = len(prompt_token_ids)

@@ -157,7 +157,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
     )
     send_or_exit(outbox, P.encoder.encode(ready))
     try:
-        code = EngineLoop(core, inbox, outbox, parent_pid, config.profile_dir).run()
+        code = EngineLoop(core, inbox, outbox, parent_pid).run()
     finally:
         core.shutdown()
     if core.grammars.shutdown():
@@ -194,12 +194,11 @@ class EngineLoop:
         inbox: zmq.Socket,
         outbox: zmq.Socket,
         parent_pid: int,
-        profile_dir: str | None = None,
     ) -> None:
         from cadence.engine.introspect import Introspection
 
         self.core = core
-        self.introspection = Introspection(core, profile_dir)
+        self.introspection = Introspection(core)
         self.inbox = inbox
         self.outbox = outbox
         self.parent_pid = parent_pid
@@ -240,15 +239,25 @@ class EngineLoop:
                 if busy:
                     self._trimmer.worked()
                 self._trimmer.tick()
+                self._introspection_chores()
                 if self.consecutive_failures >= MAX_CONSECUTIVE_STEP_FAILURES:
                     raise EngineExit(1, f"{self.consecutive_failures} engine steps in a row failed")
         except EngineExit as e:
             (logger.error if e.code else logger.warning)("engine exiting: %s", e)
             return e.code
         finally:
-            if self.introspection.profiler.active:  # keep what was recorded
-                self.introspection.profiler.stop()
+            self.introspection.profiler.close()  # keep what was recorded
         return 0
+
+    def _introspection_chores(self) -> None:
+        """Between steps: answers that came later (a written trace), a profile past its
+        time bound."""
+        intro = self.introspection
+        for reply in intro.finished_replies():
+            send_or_exit(self.outbox, P.encoder.encode(reply))
+        if intro.profiler.overdue():
+            logger.warning("profile stopped after --profile-max-seconds")
+            intro.profiler.stop()
 
     def _step(self) -> list:
         try:
@@ -305,7 +314,8 @@ class EngineLoop:
                 self.core.abort(ids)
             elif kind == P.CALL:
                 reply = self.introspection.answer(P.call_decoder.decode(payload))
-                send_or_exit(self.outbox, P.encoder.encode(reply))
+                if reply is not None:  # (else it comes when ready: _introspection_chores)
+                    send_or_exit(self.outbox, P.encoder.encode(reply))
                 continue  # a question changes no queue
             elif kind == P.SHUTDOWN:
                 self.running = False

@@ -3,14 +3,18 @@
     steps          the step timeline: phase times and batch composition of recent steps
     requests       the requests the core holds: state, tokens, cache hits, age
     start_profile  start torch.profiler in this process
-    stop_profile   stop it and write the trace
+    stop_profile   stop it; answered once the trace is written (a writer thread writes
+                   it while the engine keeps stepping: `finished_replies()` hands the
+                   loop answers that came later)
 
 Answered between steps, in the core's own process: what they read is consistent.
 """
 
 from __future__ import annotations
 
+import queue
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from cadence.core.request import RequestStatus
@@ -31,24 +35,37 @@ _STATES = {
 
 
 class Introspection:
-    def __init__(self, core: EngineCore, profile_dir: str | None) -> None:
+    def __init__(self, core: EngineCore) -> None:
         self.core = core
-        self.profiler = EngineProfiler(profile_dir)
+        c = core.config
+        self.profiler = EngineProfiler(c.profile_dir, c.profile_max_seconds, c.profile_max_traces)
         self._methods = {
             "steps": self.steps,
             "requests": self.requests,
             "start_profile": self.profiler.start,
             "stop_profile": self.profiler.stop,
         }
+        self._later: queue.SimpleQueue[P.EngineCallReply] = queue.SimpleQueue()
 
-    def answer(self, call: P.EngineCall) -> P.EngineCallReply:
+    def answer(self, call: P.EngineCall) -> P.EngineCallReply | None:
+        """The reply now, or None: it comes from finished_replies() when ready."""
         method = self._methods.get(call.method)
         if method is None:
             return P.EngineCallReply(call.call_id, error=f"unknown call {call.method!r}")
         try:
-            return P.EngineCallReply(call.call_id, method(**call.args))
+            result = method(**call.args)
         except (ProfilerError, TypeError, ValueError) as e:
             return P.EngineCallReply(call.call_id, error=str(e))
+        if not isinstance(result, Future):
+            return P.EngineCallReply(call.call_id, result)
+        result.add_done_callback(lambda f, cid=call.call_id: self._later.put(_reply_of(cid, f)))
+        return None
+
+    def finished_replies(self) -> list[P.EngineCallReply]:
+        out = []
+        while not self._later.empty():
+            out.append(self._later.get_nowait())
+        return out
 
     def steps(self, since: int = 0, limit: int | None = None) -> dict:
         timeline = self.core.timeline
@@ -66,6 +83,13 @@ class Introspection:
         rows += [_row(r, _STATES.get(r.status, r.status.name.lower()), now) for r in _held(core)]
         rows.sort(key=lambda row: row["arrival_time"])
         return {"total": len(rows), "requests": rows[: max(0, int(limit))]}
+
+
+def _reply_of(call_id: int, done: Future) -> P.EngineCallReply:
+    try:
+        return P.EngineCallReply(call_id, done.result())
+    except Exception as e:
+        return P.EngineCallReply(call_id, error=f"{type(e).__name__}: {e}")
 
 
 def _held(core: EngineCore) -> list[Request]:

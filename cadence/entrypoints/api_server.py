@@ -41,6 +41,7 @@ from cadence.entrypoints.serving_chat import ChatServing
 from cadence.entrypoints.serving_completion import CompletionServing
 from cadence.entrypoints.streaming import sse_response, unless_disconnected
 from cadence.entrypoints.web_ui import install_web_ui
+from cadence.kv_transfer.params import TransferAuthority
 from cadence.metrics import ServerMetrics
 from cadence.tokenizer import load_tokenizer
 
@@ -54,6 +55,8 @@ DEAD_ENGINE_GRACE_S = 2.0  # after the engine died: time for in-flight errors to
 class ServerOptions:
     served_model_name: str | None = None
     api_key: str | None = None
+    admin_api_key: str | None = None  # the profiler, other users' requests (None: api_key)
+    allowed_hosts: frozenset[str] | None = None  # Host header names answered (None: any)
     metrics_public: bool = False  # /metrics without the API key
     max_num_waiting: int = 256  # sequences queued beyond max_num_seqs before 429s
     max_queued_prompt_tokens: int | None = None  # None: 64 x max_model_len
@@ -90,8 +93,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             opts.max_queued_prompt_tokens or 64 * ready.max_model_len,
             on_reject=lambda: metrics.rejected.labels(name).inc(),
         )
-        prompts = PromptBuilder(tokenizer)
-        shared = (client, prompts, name, ready.max_model_len, admission)
+        prompts = await asyncio.to_thread(PromptBuilder, tokenizer, ready.max_model_len)
+        transfers = TransferAuthority(config.kv_transfer_secret)
+        shared = (client, prompts, name, ready.max_model_len, admission, transfers)
         state.update(
             client=client,
             metrics=metrics,
@@ -128,6 +132,8 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
     app.add_middleware(
         Guard,
         api_key=opts.api_key or os.environ.get("CADENCE_API_KEY"),
+        admin_key=opts.admin_api_key or os.environ.get("CADENCE_ADMIN_API_KEY"),
+        allowed_hosts=opts.allowed_hosts,
         metrics_public=opts.metrics_public,
         max_body_bytes=opts.max_body_bytes,
         body_timeout_s=opts.body_timeout_s,

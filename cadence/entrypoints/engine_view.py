@@ -4,8 +4,10 @@
                                (cumulative: a client takes rates from two readings)
     GET  /v1/engine/steps      the step timeline: ?since=STEP_ID&limit=N (newest N)
     GET  /v1/engine/requests   the requests the engine holds: state, tokens, cache hits, age
-    POST /start_profile        torch.profiler in the engine process (needs --profile-dir)
-    POST /stop_profile         ... stopped; the trace's path in the answer
+                               (their ids only to the admin key's holder: other users'
+                               request ids are theirs)
+    POST /start_profile        torch.profiler in the engine process (needs --profile-dir;
+    POST /stop_profile         the admin key): ... stopped; the trace's path in the answer
 
 Protected like /v1 (the API key). Counters come from the same objects /metrics renders,
 so the two always agree; queue and KV numbers are the engine's last report (sent with every
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cadence.engine.client import AsyncEngineClient, EngineCallError, EngineDeadError
@@ -54,14 +56,27 @@ def install_engine_view(app: FastAPI, state: dict) -> None:
         return JSONResponse(await call("steps", since=since, limit=limit))
 
     @router.get("/v1/engine/requests")
-    async def requests(limit: int = 200):
+    async def requests(request: Request, limit: int = 200):
         if limit < 0:
             raise APIError("limit must be >= 0", param="limit")
-        return JSONResponse(await call("requests", limit=limit))
+        table = await call("requests", limit=limit)
+        if not getattr(request.state, "admin", False):  # (guards.py decides)
+            for row in table["requests"]:
+                row.pop("id", None)
+        return JSONResponse(table)
 
     @router.post("/start_profile")
-    async def start_profile():
-        return JSONResponse(await call("start_profile"))
+    async def start_profile(request: Request):
+        # optional body: {"record_shapes": true} (operators' input shapes; slower to stop)
+        try:
+            body = await request.json() if await request.body() else {}
+        except ValueError:
+            raise APIError("the body must be a JSON object", param="record_shapes") from None
+        if not isinstance(body, dict):
+            raise APIError("the body must be a JSON object", param="record_shapes")
+        return JSONResponse(
+            await call("start_profile", record_shapes=body.get("record_shapes", False))
+        )
 
     @router.post("/stop_profile")
     async def stop_profile():

@@ -1,16 +1,21 @@
 """The door of the API server: one pure ASGI middleware that every HTTP request passes.
 
 In order, before any route runs:
-  1. draining (SIGTERM received): 503 + Retry-After for everything but /health and /metrics;
-  2. the API key: with `--api-key`, every path but /health, the web app's page and assets
+  1. the Host header: with an allowlist (`--allowed-hosts`; by default the loopback names
+     when the server is bound to loopback), any other host is a 400. A web page from
+     elsewhere whose name was re-pointed at 127.0.0.1 (DNS rebinding) cannot reach the API;
+  2. draining (SIGTERM received): 503 + Retry-After for everything but /health and /metrics;
+  3. the keys: with `--api-key`, every path but /health, the web app's page and assets
      (/, /ui/...), and /metrics with `--metrics-public` needs `Authorization: Bearer KEY`,
-     compared in constant time;
-  3. the body: a declared Content-Length over the limit is a 413 before a byte is read;
+     compared in constant time (the admin key is taken too). The admin paths (the profiler)
+     need the admin key (`--admin-api-key`; without one, the API key). Whether the caller
+     holds the admin key is left in `scope["state"]["admin"]` for the routes;
+  4. the body: a declared Content-Length over the limit is a 413 before a byte is read;
      otherwise the body is read here, counting bytes as they arrive (so a chunked upload
      with no Content-Length is cut off at the limit too), within a time bound (408), and
      replayed to the route. After the body, the route's `receive` still reports the
      client's hang-up (`http.disconnect`), which is how aborts on disconnect work;
-  4. a POST whose Content-Type is given and is not JSON: 415.
+  5. a POST whose Content-Type is given and is not JSON: 415.
 
 Pure ASGI rather than `@app.middleware("http")`: Starlette's BaseHTTPMiddleware wraps the
 route's `receive`, and a non-streamed route then never learns that its client left.
@@ -30,6 +35,27 @@ Scope = dict
 Message = dict
 
 PUBLIC_PATHS = frozenset({"/health"})
+ADMIN_PATHS = frozenset({"/start_profile", "/stop_profile"})
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def default_allowed_hosts(bind_host: str) -> frozenset[str] | None:
+    """The Host names a server bound to `bind_host` answers by default: the loopback names
+    when it listens on loopback only, any otherwise (None)."""
+    loopback = bind_host in LOOPBACK_HOSTS or bind_host.startswith("127.")
+    return LOOPBACK_HOSTS | {bind_host} if loopback else None
+
+
+def parse_allowed_hosts(text: str | None, bind_host: str) -> frozenset[str] | None:
+    """--allowed-hosts ("a.example,b.example", "*" for any; None: the default)."""
+    if text is None:
+        return default_allowed_hosts(bind_host)
+    names = {h.strip().lower() for h in text.split(",") if h.strip()}
+    return None if "*" in names else frozenset(names)
+
+
+def _digest(key: str | None) -> bytes | None:
+    return hashlib.sha256(key.encode()).digest() if key else None
 
 
 class Guard:
@@ -42,10 +68,14 @@ class Guard:
         max_body_bytes: int,
         body_timeout_s: float,
         draining: Callable[[], bool],
+        admin_key: str | None = None,
+        allowed_hosts: frozenset[str] | None = None,
     ) -> None:
         self.app = app
         # Digests of equal length: compare_digest then takes the same time for any key.
-        self.key_digest = hashlib.sha256(api_key.encode()).digest() if api_key else None
+        self.key_digest = _digest(api_key)
+        self.admin_digest = _digest(admin_key or api_key)
+        self.allowed_hosts = allowed_hosts
         self.public = PUBLIC_PATHS | ({"/metrics"} if metrics_public else set())
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -57,6 +87,13 @@ class Guard:
             return
         path = scope["path"]
         headers = _headers(scope)
+        if not self._host_allowed(headers.get("host")):
+            err = APIError(
+                "the Host header names a host this server does not answer for (--allowed-hosts)",
+                400,
+                code="host_not_allowed",
+            )
+            return await _reply(err, scope, receive, send)
         if self.draining() and path not in ("/health", "/metrics"):
             err = APIError(
                 "the server is shutting down; retry on another replica or later",
@@ -65,17 +102,23 @@ class Guard:
                 headers={"Retry-After": "5"},
             )
             return await _reply(err, scope, receive, send)
-        if self.key_digest is not None and path not in self.public and not is_public(path):
-            auth = headers.get("authorization", "")
-            token = auth[7:] if auth[:7].lower() == "bearer " else ""
-            if not hmac.compare_digest(hashlib.sha256(token.encode()).digest(), self.key_digest):
-                err = APIError(
-                    "invalid or missing API key",
-                    401,
-                    "authentication_error",
-                    code="invalid_api_key",
-                )
-                return await _reply(err, scope, receive, send, {"WWW-Authenticate": "Bearer"})
+        token = _bearer(headers)
+        admin = self.admin_digest is None or _holds(token, self.admin_digest)
+        user = admin or self.key_digest is None or _holds(token, self.key_digest)
+        scope.setdefault("state", {})["admin"] = admin
+        if not user and path not in self.public and not is_public(path):
+            err = APIError(
+                "invalid or missing API key",
+                401,
+                "authentication_error",
+                code="invalid_api_key",
+            )
+            return await _reply(err, scope, receive, send, {"WWW-Authenticate": "Bearer"})
+        if path in ADMIN_PATHS and not admin:
+            err = APIError(
+                "this endpoint needs the admin API key", 403, "permission_error", code="admin_only"
+            )
+            return await _reply(err, scope, receive, send)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
             return await _reply(self._too_large(), scope, receive, send)
@@ -107,6 +150,16 @@ class Guard:
             return await _reply(self._too_large(), scope, receive, send, {"Connection": "close"})
         await self.app(scope, _replay(body, receive), send)
 
+    def _host_allowed(self, host: str | None) -> bool:
+        if self.allowed_hosts is None or host is None:  # (no Host: not from a browser)
+            return True
+        host = host.strip().lower()
+        if host.startswith("["):  # [::1]:8000
+            name = host[1 : host.find("]")] if "]" in host else host
+        else:
+            name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+        return name in self.allowed_hosts
+
     async def _read_body(self, receive) -> bytes | None:
         """The whole body, or None as soon as it passes the limit."""
         parts: list[bytes] = []
@@ -133,6 +186,15 @@ class Guard:
 
 class _Disconnected(Exception):
     pass
+
+
+def _bearer(headers: dict[str, str]) -> str:
+    auth = headers.get("authorization", "")
+    return auth[7:] if auth[:7].lower() == "bearer " else ""
+
+
+def _holds(token: str, digest: bytes) -> bool:
+    return hmac.compare_digest(hashlib.sha256(token.encode()).digest(), digest)
 
 
 def _headers(scope: Scope) -> dict[str, str]:

@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from cadence.entrypoints.tool_calls import ChatTool, ToolChoice
 from cadence.sampling_params import SamplingParams, StructuredOutputsParams
@@ -87,7 +87,8 @@ class _SamplingFields(_Base):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     user: str | None = None
-    priority: int = 0
+    # smaller runs first (--scheduling-policy priority); bounded like vLLM's int32 field
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
     stream: bool = False
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
@@ -225,8 +226,16 @@ def _schema_params(schema: dict[str, Any] | str | bool) -> StructuredOutputsPara
     return StructuredOutputsParams(json=schema)
 
 
+# Tried in this order, strictly (ids stay ids, strings strings): pydantic's default "smart"
+# union costs ~0.7 us per id on a long id list (7.8 s for 10 M ids on the event loop);
+# left to right, 35 ns.
+PromptField = Annotated[
+    str | list[StrictInt] | list[str] | list[list[StrictInt]], Field(union_mode="left_to_right")
+]
+
+
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: PromptField
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     suffix: str | None = None

@@ -1,12 +1,15 @@
 """Text to token ids, off the event loop: chat templates and tokenizing.
 
-    builder = PromptBuilder(tokenizer)
+    builder = PromptBuilder(tokenizer, max_model_len)
     ids = await builder.encode(text)                      /v1/completions, /tokenize
     ids = await builder.chat(messages, ..., kwargs=...)   /v1/chat/completions, /tokenize
 
 Rendering a template and tokenizing are CPU work whose cost the client controls (long
-messages, long prompts), so they run on a small thread pool of their own, each within
-`timeout_s` (past it: 408); the event loop keeps answering everyone else and /health.
+messages, long prompts), so they run on thread pools of their own, each within
+`timeout_s` (past it: 408); the event loop keeps answering everyone else and /health. A
+chat is rendered to text first (a conversation with more messages than the context has
+tokens, or more characters than it can hold, is a 400 before rendering), then tokenized
+like a prompt: tokenizing.py bounds what that costs.
 
 `chat_template_kwargs` are template *variables* only. Names that would change what code
 runs or how the call behaves (`chat_template`, `tokenize`, `return_tensors`, ..., and the
@@ -24,6 +27,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from cadence.entrypoints.errors import APIError
+from cadence.entrypoints.tokenizing import TokenizerLanes
 from cadence.entrypoints.tool_calls import (
     conversation_for_template,
     render_without_template_support,
@@ -89,16 +93,26 @@ def template_variables(tokenizer) -> frozenset[str]:
 
 
 class PromptBuilder:
-    def __init__(self, tokenizer, timeout_s: float = RENDER_TIMEOUT_S, threads: int = 0) -> None:
+    def __init__(
+        self, tokenizer, max_model_len: int, timeout_s: float = RENDER_TIMEOUT_S, threads: int = 0
+    ) -> None:
         self.tokenizer = tokenizer
         self.timeout_s = timeout_s
         self.template_vars = template_variables(tokenizer) if tokenizer is not None else set()
         self.pool = ThreadPoolExecutor(
             threads or min(4, os.cpu_count() or 1), thread_name_prefix="cadence-prompt"
         )
+        self.lanes = (
+            TokenizerLanes(tokenizer, max_model_len, timeout_s, self.pool)
+            if tokenizer is not None
+            else None
+        )
+        self.max_model_len = max_model_len
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.lanes is not None:
+            self.lanes.shutdown()
 
     async def _off_loop(self, what: str, fn, *args):
         loop = asyncio.get_running_loop()
@@ -117,15 +131,12 @@ class PromptBuilder:
     # ---- completions ------------------------------------------------------------------
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        if self.tokenizer is None:
+        if self.lanes is None:
             raise APIError("this model has no tokenizer: send token ids")
-        ids = await self._off_loop("tokenizing the prompt", self._encode, text, add_special_tokens)
+        ids = await self.lanes.encode(text, add_special_tokens)
         if not ids:
             raise APIError("prompt must not be empty", param="prompt")
         return ids
-
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     async def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         if self.tokenizer is None:
@@ -165,6 +176,14 @@ class PromptBuilder:
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise APIError("this model has no chat template; use /v1/completions")
         variables = self.template_kwargs(kwargs)
+        if len(messages) > self.max_model_len:
+            raise APIError(
+                f"{len(messages)} messages: more than this model's context of "
+                f"{self.max_model_len} tokens can hold",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        self.lanes.check_chars(sum(len(m.text() or "") for m in messages), "messages")
         conv = []
         for m in messages:
             entry = {"role": m.role, "content": m.text()}
@@ -182,7 +201,7 @@ class PromptBuilder:
                 variables["tools"] = tools_for_template(tools)
         elif uses_tools:
             conv = render_without_template_support(conv, tools)
-        return await self._off_loop(
+        text = await self._off_loop(
             "applying the chat template",
             self._render,
             conv,
@@ -190,18 +209,17 @@ class PromptBuilder:
             continue_final,
             variables,
         )
+        # (what apply_chat_template(tokenize=True) does: the text, without added specials)
+        return await self.lanes.encode(text, add_special_tokens=False, param="messages")
 
-    def _render(self, conv, add_generation_prompt, continue_final, variables) -> list[int]:
+    def _render(self, conv, add_generation_prompt, continue_final, variables) -> str:
         try:
-            ids = self.tokenizer.apply_chat_template(
+            return self.tokenizer.apply_chat_template(
                 conv,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final,
-                tokenize=True,
+                tokenize=False,
                 **variables,
             )
         except Exception as e:  # a template may raise on a role order it does not allow
             raise APIError(f"cannot apply the chat template: {e}", param="messages") from e
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)

@@ -17,6 +17,7 @@ from cadence.entrypoints.logprobs_format import LogprobsFormatter
 from cadence.entrypoints.openai_protocol import ChatCompletionRequest, UsageInfo
 from cadence.entrypoints.prompts import PromptBuilder
 from cadence.entrypoints.streaming import sse
+from cadence.kv_transfer.params import TransferAuthority
 from cadence.sampling_params import SamplingParams
 from cadence.structured.grammar import to_grammar
 
@@ -42,6 +43,7 @@ class Serving:
         served_model_name: str,
         max_model_len: int,
         admission: Admission,
+        transfers: TransferAuthority,
     ) -> None:
         self.client = client
         self.prompts = prompts
@@ -49,6 +51,7 @@ class Serving:
         self.model_name = served_model_name
         self.max_model_len = max_model_len
         self.admission = admission
+        self.transfers = transfers
         self.logprobs = LogprobsFormatter(self.tokenizer)
 
     # ---- checks -----------------------------------------------------------------------
@@ -62,6 +65,22 @@ class Serving:
                 "model",
                 "model_not_found",
             )
+
+    def check_transfer(self, req, num_prompts: int = 1) -> None:
+        """A request's kv_transfer_params is the router's, signed (kv_transfer/params.py):
+        a client's own is a 403, before any other work. One prompt per transfer."""
+        if req.kv_transfer_params is None:
+            return
+        if num_prompts != 1:
+            raise APIError("kv_transfer_params takes one prompt", param="kv_transfer_params")
+        try:
+            req.kv_transfer_params = self.transfers.verify(req.kv_transfer_params)
+        except PermissionError as e:
+            raise APIError(
+                str(e), 403, "permission_error", "kv_transfer_params", "kv_transfer_forbidden"
+            ) from None
+        except ValueError as e:
+            raise APIError(str(e), param="kv_transfer_params") from None
 
     def sampling_params(
         self, req, max_tokens: int | None, logprobs: int | None, prompt_len: int
@@ -90,10 +109,19 @@ class Serving:
         return params
 
     def check_ids(self, ids: list[int], param: str = "prompt") -> None:
+        """The length first (one comparison), then each id: a client's list of a few
+        million ids costs nothing past the first check."""
+        if len(ids) > self.max_model_len:
+            raise APIError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your {param} has {len(ids)} tokens.",
+                param=param,
+                code="context_length_exceeded",
+            )
         vocab = self.client.ready.vocab_size
-        for t in ids:
-            if not 0 <= t < vocab:
-                raise APIError(f"token id {t} is outside the vocabulary [0, {vocab})", param=param)
+        if ids and not (min(ids) >= 0 and max(ids) < vocab):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise APIError(f"token id {bad} is outside the vocabulary [0, {vocab})", param=param)
 
     async def check_structured(self, params: SamplingParams, param: str | None = None) -> None:
         """Parse the request's grammar here (off the event loop) so a bad schema, regex or

@@ -18,6 +18,7 @@ from cadence.entrypoints.tool_calls import finish_reason as tool_finish_reason
 class ChatServing(Serving):
     async def chat(self, req: ChatCompletionRequest):
         self.check_model(req.model)
+        self.check_transfer(req)
         try:
             plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
         except ValueError as e:

@@ -52,6 +52,9 @@ class CompletionServing(Serving):
 
     async def completions(self, req: CompletionRequest):
         self.check_model(req.model)
+        p = req.prompt
+        single = isinstance(p, str) or all(isinstance(x, int) for x in p) or len(p) == 1
+        self.check_transfer(req, 1 if single else len(p))
         if req.suffix:
             raise APIError("suffix is not supported", param="suffix")
         if req.best_of is not None:

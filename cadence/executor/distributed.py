@@ -16,9 +16,10 @@ every request and exits non-zero.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from abc import abstractmethod
@@ -26,6 +27,8 @@ from contextlib import contextmanager, suppress
 
 from cadence.config import EngineConfig
 from cadence.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from cadence.distributed.rendezvous import listen_socket
+from cadence.executor import step_messages as M
 from cadence.executor.base import Executor
 from cadence.executor.step_channel import StepChannel
 from cadence.executor.worker import WorkerSpec
@@ -38,11 +41,6 @@ logger = logging.getLogger(__name__)
 
 DEATH_GRACE_S = 5.0
 READY_TIMEOUT_S = 600.0
-
-
-def worker_view(sched):
-    """The scheduler output without the core's Request objects (ranks need only deltas)."""
-    return dataclasses.replace(sched, requests={})
 
 
 class DistributedExecutor(Executor):
@@ -71,9 +69,15 @@ class DistributedExecutor(Executor):
 
     def _start(self, config: EngineConfig, model_path: str) -> None:
         host = self._prepare()
-        self.channel = StepChannel(self.size - 1, host, self._check_alive)
-        port = config.parallel.distributed_init_port or _free_port(host)
-        init_method = f"tcp://{host}:{port}"
+        listen = None
+        if self.same_host:  # sockets and the rendezvous in a directory only we can open
+            self._dir = tempfile.mkdtemp(prefix="cadence-tp-")
+            self.channel = StepChannel(self.size - 1, self._check_alive, ipc_dir=self._dir)
+            init_method = f"file://{os.path.join(self._dir, 'rendezvous')}"
+        else:  # over the network, on the one address the ranks reach us at
+            self.channel = StepChannel(self.size - 1, self._check_alive, host=host)
+            listen = listen_socket(host, config.parallel.distributed_init_port or 0)
+            init_method = f"tcp://{host}:{listen.getsockname()[1]}"
         specs = [
             WorkerSpec(
                 config,
@@ -84,6 +88,9 @@ class DistributedExecutor(Executor):
                 self.channel.step_addrs[rank - 1],
                 self.channel.control_addr,
                 model_path,
+                self.channel.rank_keys,
+                self.channel.server_public,
+                bind_address=host,
                 log_level=logging.getLogger("cadence").getEffectiveLevel(),
             )
             for rank in range(1, self.size)
@@ -91,11 +98,15 @@ class DistributedExecutor(Executor):
         self._launch(specs)
         threading.Thread(target=self._watch, name="cadence-rank-watchdog", daemon=True).start()
         with self._call():
-            init_tensor_parallel(0, self.size, self._driver_device(), init_method)
+            init_tensor_parallel(0, self.size, self._driver_device(), init_method, host, listen)
             self.driver = ModelRunner(config, model_path)
         self.channel.wait_ready(READY_TIMEOUT_S, self._check_alive)
 
     # ---- what subclasses provide -------------------------------------------------------
+
+    # Every rank on this host (mp): ipc:// sockets and a file rendezvous in a private
+    # directory. Otherwise (Ray) TCP on the address _prepare() returns.
+    same_host = True
 
     @abstractmethod
     def _prepare(self) -> str:
@@ -129,7 +140,7 @@ class DistributedExecutor(Executor):
 
     def execute_model(self, sched):
         self._check_alive()
-        self.channel.send(("exec", worker_view(sched)))
+        self.channel.send(M.exec_op(sched))
         with self._call():
             return self.driver.execute_model(sched)
 
@@ -139,7 +150,7 @@ class DistributedExecutor(Executor):
 
     def resolve(self, pending):
         if pending is not None:
-            self.channel.send(("resolve",), now=False)
+            self.channel.send(M.Resolve(), now=False)
         with self._call():
             return self.driver.resolve(pending)
 
@@ -198,7 +209,7 @@ class DistributedExecutor(Executor):
         channel = getattr(self, "channel", None)
         if channel is not None:
             with suppress(Exception):
-                channel.send(("shutdown",), block=False)
+                channel.send(M.Shutdown(), block=False)
         try:
             # The ranks leave the group as they read "shutdown"; rank 0 leaves with them.
             destroy_tensor_parallel(graceful=graceful)
@@ -208,11 +219,5 @@ class DistributedExecutor(Executor):
             finally:
                 if channel is not None:
                     channel.close()
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+                if getattr(self, "_dir", None):
+                    shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Ranks 1..N-1 as processes of this host, one per GPU (or per CPU share, with gloo).
 
-Each is `python -m cadence.executor.worker`, its WorkerSpec pickled on stdin: a plain
+Each is `python -m cadence.executor.worker`, its WorkerSpec as JSON on stdin: a plain
 child process rather than a multiprocessing one, because the engine core that starts it
 is itself a daemonic multiprocessing child, which may not have such children. The kernel
 kills a rank when the process that started it dies (PR_SET_PDEATHSIG), and a rank also
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import threading
 import torch
 
 from cadence.executor.distributed import DistributedExecutor
-from cadence.executor.worker import WorkerSpec
+from cadence.executor.worker import WorkerSpec, encode_spec
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ class MultiprocExecutor(DistributedExecutor):
             proc = subprocess.Popen(
                 [sys.executable, "-m", "cadence.executor.worker"], stdin=subprocess.PIPE
             )
-            proc.stdin.write(pickle.dumps(spec))
+            proc.stdin.write(encode_spec(spec))
             proc.stdin.close()
             self.procs.append(proc)
             threading.Thread(

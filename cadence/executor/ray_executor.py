@@ -3,7 +3,11 @@
 Ray is the cluster layer: it starts the actors, places them (a placement group of one
 bundle per rank: a GPU each, or a CPU each on a CPU cluster), and tells us when one dies.
 Everything per step goes over the same ZMQ channel as the mp executor (step_channel.py),
-not through Ray's task calls, and the collectives over torch.distributed.
+not through Ray's task calls: over TCP on this node's address, CURVE-authenticated with
+keys made for this launch and handed to the actors through Ray. The collectives go over
+torch.distributed, its rendezvous on that address only (distributed/rendezvous.py). Ray
+itself runs whatever its cluster is told to: keep its ports (GCS, dashboard, workers) on
+a private network (docs/security.md).
 
 Rank 0 is this process. Its bundle is held by a placeholder actor, so Ray hands that GPU
 to no rank; rank 0 uses the GPU Ray gave the placeholder, which must be on this host.
@@ -37,14 +41,22 @@ class RayWorker:
         return ray.util.get_node_ip_address(), [int(g) for g in ray.get_gpu_ids()]
 
     def run(self, spec: WorkerSpec) -> int:
+        import dataclasses
+
+        import ray
+
         logging.basicConfig(
             level=spec.log_level,
             format=f"%(asctime)s %(levelname)s [rank {spec.rank}] %(name)s: %(message)s",
         )
-        return run_worker(spec)
+        # gloo / NCCL bind this node's own address (rank 0's is the engine's node's).
+        here = ray.util.get_node_ip_address()
+        return run_worker(dataclasses.replace(spec, bind_address=here))
 
 
 class RayExecutor(DistributedExecutor):
+    same_host = False  # step channel over TCP (CURVE), rendezvous on rank 0's address
+
     def _prepare(self) -> str:
         import ray
 

@@ -16,4 +16,10 @@ def make_connector(config, kv_caches: list):
         config.kv_connector
     ]
     layers = KVLayers(kv_caches, config.cache.block_size)
-    return cls(layers, config.kv_role, config.kv_transfer_host, config.kv_transfer_port)
+    return cls(
+        layers,
+        config.kv_role,
+        config.kv_transfer_secret,
+        config.kv_transfer_host,
+        config.kv_transfer_port,
+    )

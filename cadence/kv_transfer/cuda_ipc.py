@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from cadence.kv_transfer.connector import KVLayers
-from cadence.kv_transfer.tcp import TcpKVConnector, done_future
+from cadence.kv_transfer.tcp import Staged, TcpKVConnector, done_future
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,14 @@ _IPC_FIELDS = (
     ("event_handle", bytes),
     ("event_sync_required", bool),
 )
+# What torch's fields can be (torch/csrc/StorageSharing.cpp, CudaIPCTypes.h). Opening the
+# handle maps the producer's memory; releasing it decrements an int64 at
+# ref_counter_offset in the shared-memory file ref_counter_handle names: a forged offset
+# would write outside that file, a forged name into another file.
+IPC_HANDLE_BYTES = 64  # cudaIpcEventHandle_t (the memory handle may carry a prefix)
+MAX_MEM_HANDLE_BYTES = 4096
+REF_COUNTER_SLOTS = 10000  # CUDA_IPC_REF_COUNTER_FILE_SIZE: int64 counters per file
+REF_COUNTER_NAME = re.compile(rb"/torch_[0-9]+_[0-9]+_[0-9]+")
 
 
 def encode_ipc(args: tuple, uuid: str) -> dict:
@@ -68,8 +77,10 @@ def encode_ipc(args: tuple, uuid: str) -> dict:
     return out
 
 
-def decode_ipc(fields: dict, device: int) -> tuple:
-    """The JSON of encode_ipc -> rebuild_cuda_tensor's args, each value type-checked."""
+def decode_ipc(fields: dict, device: int, nbytes: int, device_bytes: int) -> tuple:
+    """The JSON of encode_ipc -> rebuild_cuda_tensor's args, each value type- and
+    range-checked: a whole 1-D buffer of exactly `nbytes` bytes inside a device of
+    `device_bytes`, a ref counter slot inside its file, handles of their sizes."""
     args: list = [torch.Tensor]
     for name, kind in _IPC_FIELDS:
         if name == "storage_cls":
@@ -86,13 +97,32 @@ def decode_ipc(fields: dict, device: int) -> tuple:
             if name == "event_handle" and value is None:
                 args.append(None)
                 continue
-            value = base64.b64decode(value, validate=True) if isinstance(value, str) else None
+            try:
+                value = base64.b64decode(value, validate=True) if isinstance(value, str) else None
+            except ValueError:
+                value = None
         ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
         if kind is list:
             ok = ok and len(value) == 1 and all(type(v) is int and v >= 0 for v in value)
         if not ok:
             raise RuntimeError(f"bad CUDA IPC field {name!r} in the prefill engine's answer")
         args.append(tuple(value) if kind is list else value)
+    f = dict(zip((n for n, _ in _IPC_FIELDS), args[1:]))
+    checks = {
+        "size": f["size"] == (nbytes,) and f["stride"] == (1,) and f["offset"] == 0,
+        "storage_size_bytes": f["storage_size_bytes"] == nbytes,
+        "storage_offset_bytes": 0 <= f["storage_offset_bytes"] <= device_bytes - nbytes,
+        "handle": 0 < len(f["handle"]) <= MAX_MEM_HANDLE_BYTES,
+        "ref_counter_handle": REF_COUNTER_NAME.fullmatch(f["ref_counter_handle"]) is not None,
+        "ref_counter_offset": 0 <= f["ref_counter_offset"] < REF_COUNTER_SLOTS,
+        "event_handle": f["event_handle"] is None or len(f["event_handle"]) == IPC_HANDLE_BYTES,
+        "requires_grad": f["requires_grad"] is False,
+    }
+    for name, ok in checks.items():
+        if not ok:
+            raise RuntimeError(
+                f"CUDA IPC field {name!r} is out of range in the prefill engine's answer"
+            )
     return tuple(args)
 
 
@@ -103,17 +133,18 @@ def device_uuid(index: int) -> str:
 class CudaIpcKVConnector(TcpKVConnector):
     max_staged_bytes = MAX_STAGED_BYTES
 
+    keeps_until_release = True
+
     def __init__(self, layers: KVLayers, *args, **kw) -> None:
         if not layers.on_gpu:
             raise ValueError("--kv-connector cuda_ipc needs the K/V pool on a GPU: use shm or tcp")
-        self._buffers: dict[str, torch.Tensor] = {}  # transfer id -> its staged buffer
         self._local: dict[str, int] = {}  # a GPU's UUID -> its index in this process
         self._uuid = device_uuid(layers.device.index or 0)
         super().__init__(layers, *args, **kw)
 
     # ---- prefill side -----------------------------------------------------------------
 
-    def _stage(self, transfer_id: str, block_ids: list[int]):
+    def _stage(self, block_ids: list[int]) -> Staged:
         """All layers' blocks into one buffer (one handle to open), [2, n, block, heads,
         dim] per layer, back to back."""
         layers, nbytes = self.layers, self.layers.nbytes(len(block_ids))
@@ -122,20 +153,19 @@ class CudaIpcKVConnector(TcpKVConnector):
         views = layers.carve(buffer, len(block_ids))
         for cache, view in zip(layers.kv_caches, views):
             torch.index_select(cache, 1, ids, out=view)
-        self._buffers[transfer_id] = buffer
-        return done_future(views), nbytes
+        return Staged(done_future(views), nbytes, resource=buffer)
 
-    def _reply(self, transfer_id: str, tensors: list[torch.Tensor], lo: int, n: int):
+    def _reply(self, entry: Staged, tensors: list[torch.Tensor], lo: int, n: int):
         # On the server thread: sharing records an event on this thread's current stream
         # (the device's default stream, which the engine's gather was queued on).
         with torch.cuda.device(self.layers.device):
-            _, args = reduce_tensor(self._buffers[transfer_id])
+            _, args = reduce_tensor(entry.resource)
         ipc = encode_ipc(args, self._uuid)
         return {"first": lo, "total_blocks": tensors[0].shape[1], "ipc": ipc}, []
 
-    def _discard(self, transfer_id: str) -> None:
-        if self._buffers.pop(transfer_id, None) is not None:
-            torch.cuda.ipc_collect()  # frees buffers that readers have let go of
+    def _discard(self, entry: Staged) -> None:
+        entry.resource = None
+        torch.cuda.ipc_collect()  # frees buffers that readers have let go of
 
     # ---- decode side ------------------------------------------------------------------
 
@@ -156,16 +186,14 @@ class CudaIpcKVConnector(TcpKVConnector):
             raise RuntimeError("the prefill engine did not answer with a CUDA IPC handle")
         if not isinstance(ipc.get("device"), str):
             raise RuntimeError("bad CUDA IPC field 'device' in the prefill engine's answer")
-        args = decode_ipc(ipc, self._local_index(ipc["device"]))
-        lo, total = info["first"], info["total_blocks"]
-        if args[1:4] != ((self.layers.nbytes(total),), (1,), 0) or not 0 <= lo <= lo + n <= total:
-            raise RuntimeError("the prefill engine's staged buffer has the wrong size")
+        lo, total = info.get("first"), info.get("total_blocks")
+        if type(lo) is not int or type(total) is not int or not 0 <= lo <= lo + n <= total:
+            raise RuntimeError("the prefill engine's answer has a bad block range")
+        index = self._local_index(ipc["device"])
+        device_bytes = torch.cuda.get_device_properties(index).total_memory
+        args = decode_ipc(ipc, index, self.layers.nbytes(total), device_bytes)
         # Opened on the current stream (the copy stream: `write` iterates under it), which
         # then waits for the prefill engine's staging copy.
         buffer = rebuild_cuda_tensor(*args)
         for staged in self.layers.carve(buffer, total):
             yield staged[:, lo : lo + n]
-
-    def close(self) -> None:
-        super().close()
-        self._buffers.clear()

@@ -1,73 +1,96 @@
 """The same-host connector: staged K/V in shared memory files, only their names over ZMQ.
 
 The prefill engine writes a finished request's K/V once, straight from its pool into a file
-under /dev/shm (one file per transfer: the layers back to back, [2, n, block, heads, dim]
-each); a decode engine on the same machine maps the file, copies the blocks it wants into
-its own pool (host to device on a GPU), and then sends "release", on which the file is
-deleted. No bytes go through a socket. Files left by a decode engine that never released them go
-with the staging bound (oldest first) or when the prefill engine stops.
+(one file per transfer: the layers back to back, [2, n, block, heads, dim] each); a decode
+engine on the same machine maps the file, copies the blocks it wants into its own pool
+(host to device on a GPU), and then sends "release", on which the file is deleted. No bytes
+go through a socket.
+
+The files are the engine's own: in a directory it creates under /dev/shm (mode 0700),
+named by a counter (never by anything a request says), each created exclusively with mode
+0600. Other users of the host cannot list, read or replace them; the decode engine must
+run as the same user. A decode engine opens only a name of that form, under /dev/shm, that
+is a regular file of its own user (no links followed). Files whose reader never released
+them go with the staging bound (oldest first) or when the prefill engine stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
-import uuid
+import re
+import shutil
+import stat
+import tempfile
 import warnings
-from concurrent.futures import Future
 
 import numpy as np
 import torch
 
-from cadence.kv_transfer.tcp import TcpKVConnector, done_future
+from cadence.kv_transfer.tcp import Staged, TcpKVConnector, done_future
 
-SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+# "<the engine's directory>/<counter>", as _stage names them (mkdtemp: 8 characters)
+FILE_NAME = re.compile(r"cadence-kv-[A-Za-z0-9_]{8}/[0-9]{1,12}")
 
 
 class ShmKVConnector(TcpKVConnector):
-    def __init__(self, *args, **kw) -> None:
-        self._files: dict[str, str] = {}  # transfer id -> its file
-        self._prefix = f"cadence-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        super().__init__(*args, **kw)
+    keeps_until_release = True
 
-    def _stage(self, transfer_id: str, block_ids: list[int]) -> tuple[Future, int]:
+    def __init__(self, *args, **kw) -> None:
+        self._dir = tempfile.mkdtemp(prefix="cadence-kv-", dir=SHM_DIR)  # mode 0700
+        self._count = itertools.count()
+        try:
+            super().__init__(*args, **kw)
+        except BaseException:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
+
+    def _stage(self, block_ids: list[int]) -> Staged:
         nbytes = self.layers.nbytes(len(block_ids))
-        path = os.path.join(SHM_DIR or "/tmp", f"{self._prefix}-{len(self._files)}-{transfer_id}")
-        raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="w+", shape=(nbytes,)))
-        self._files[transfer_id] = path
+        path = os.path.join(self._dir, str(next(self._count)))
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w+b") as f:
+            f.truncate(nbytes)
+            raw = torch.from_numpy(np.memmap(f, dtype=np.uint8, mode="r+", shape=(nbytes,)))
         files = self.layers.carve(raw, len(block_ids))
         if not self.layers.on_gpu:  # straight from the pool into the file
             ids = torch.tensor(block_ids, dtype=torch.long)
             for cache, dst in zip(self.layers.kv_caches, files):
                 torch.index_select(cache, 1, ids, out=dst)
-            return done_future(files), nbytes
+            return Staged(done_future(files), nbytes, resource=path)
         on_device, after = self.layers.gather(block_ids), self.layers.engine_point()
-        return self._stager.submit(self.layers.to_host, on_device, after, files), nbytes
+        staged = self._stager.submit(self.layers.to_host, on_device, after, files)
+        return Staged(staged, nbytes, resource=path)
 
-    def _discard(self, transfer_id: str) -> None:
-        path = self._files.pop(transfer_id, None)
-        if path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+    def _discard(self, entry: Staged) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.resource)
 
-    def _reply(self, transfer_id: str, tensors: list[torch.Tensor], lo: int, n: int):
-        total = tensors[0].shape[1]
-        return {"shm": self._files[transfer_id], "first": lo, "total_blocks": total}, []
+    def _reply(self, entry: Staged, tensors: list[torch.Tensor], lo: int, n: int):
+        name = os.path.relpath(entry.resource, SHM_DIR)
+        return {"shm": name, "first": lo, "total_blocks": tensors[0].shape[1]}, []
 
     def _received_layers(self, info: dict, frames: list, n: int):
-        path = info.get("shm")
-        if not path:
-            raise RuntimeError("the prefill engine did not answer through shared memory")
-        lo, total = info["first"], info["total_blocks"]
-        with warnings.catch_warnings():  # read-only, and only read (release comes after)
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.from_numpy(np.memmap(path, dtype=np.uint8, mode="r"))
-        if raw.numel() != self.layers.nbytes(total) or not 0 <= lo <= lo + n <= total:
-            raise RuntimeError("the prefill engine's shared-memory file has the wrong size")
+        name, lo, total = info.get("shm"), info.get("first"), info.get("total_blocks")
+        if not isinstance(name, str) or FILE_NAME.fullmatch(name) is None or frames:
+            raise RuntimeError("the prefill engine did not answer with a shared-memory file")
+        if type(lo) is not int or type(total) is not int or not 0 <= lo <= lo + n <= total:
+            raise RuntimeError("the prefill engine's answer has a bad block range")
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                raise RuntimeError("the staged K/V is not a regular file of this user")
+            if st.st_size != self.layers.nbytes(total):
+                raise RuntimeError("the prefill engine's shared-memory file has the wrong size")
+            with warnings.catch_warnings():  # read-only, and only read (release comes after)
+                warnings.simplefilter("ignore", UserWarning)
+                raw = torch.from_numpy(np.memmap(f, dtype=np.uint8, mode="r"))
         for staged in self.layers.carve(raw, total):
             yield staged[:, lo : lo + n]
 
     def close(self) -> None:
-        super().close()
-        for tid in list(self._files):  # fetched but never released
-            self._discard(tid)
+        super().close()  # (releases every file it still holds)
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -10,13 +10,16 @@ two-plane weight is two products summed.
 The kernel pays for unpacking in every product, which at many rows (a prefill chunk) costs
 more than the bytes it saves: past DEQUANT_ROWS rows the weight is expanded once for the
 call, from the same packed bytes (by a C++ kernel, cadence/csrc/cpu/int4.cpp), and
-multiplied by oneDNN's 16-bit GEMM. The packed layout,
-for rows padded to a multiple of 64: per block of 64 rows, per column k, 32 bytes whose
-low nibbles are rows 0..31 and high nibbles rows 32..63 (checked in the tests against the
-packing op, so a torch release that changes it fails there, not silently).
+multiplied by oneDNN's 16-bit GEMM. The packed layout, for rows padded to a multiple of
+64: per block of B rows, per column k, B / 2 bytes whose low nibbles are rows 0..B/2-1
+and high nibbles rows B/2..B-1, where torch packs B = 64 rows on an AVX-512 CPU and 32 on
+an AVX2 one (`pack_block_rows` asks the packing op itself once; the tests check the
+expansion against the packing op, so a torch release that changes it fails there).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -32,6 +35,21 @@ GROUPS = (32, 64, 128, 256)
 DEQUANT_ROWS = 48
 
 _int4_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+
+@functools.cache
+def pack_block_rows() -> int:
+    """Rows per block of torch's int4 packing on this CPU, learned from the packing op: a
+    one in row 16 lands in byte 16's low nibble with 64-row blocks, in byte 0's high
+    nibble with 32-row blocks."""
+    q = torch.zeros(64, 64, dtype=torch.int32)
+    q[16, 0] = 1
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2).view(-1)
+    if int(packed[16]) & 15 == 1:
+        return 64
+    if int(packed[0]) >> 4 == 1:
+        return 32
+    raise RuntimeError("torch's int4 packing has a layout Cadence does not know")
 
 
 def supported(planes: Planes) -> bool:
@@ -71,7 +89,12 @@ class Int4PackCPU(torch.nn.Module):
         w_t = torch.empty(self.in_features, self.out_features, dtype=self.sz0.dtype)
         for i in range(self.planes):
             ops.expand_int4(
-                w_t, getattr(self, f"packed{i}"), getattr(self, f"sz{i}"), self.group, i > 0
+                w_t,
+                getattr(self, f"packed{i}"),
+                getattr(self, f"sz{i}"),
+                self.group,
+                i > 0,
+                pack_block_rows(),
             )
         return w_t if transposed else w_t.t()
 
@@ -79,18 +102,18 @@ class Int4PackCPU(torch.nn.Module):
         """dequantize in PyTorch ops. Computed in the packed order ([K, 64 rows] a block:
         no copy before the arithmetic), then one transposing copy; 1.8x faster than
         unpacking into [N, K] first."""
-        n, k, g = self.n_pad, self.in_features, self.group
-        blocks = n // 64
+        n, k, g, rows = self.n_pad, self.in_features, self.group, pack_block_rows()
+        blocks = n // rows
         w = None
         for i in range(self.planes):
-            b = getattr(self, f"packed{i}").view(blocks, k, 32)
-            q = torch.cat([b & 15, b >> 4], 2).view(blocks, k // g, g, 64)
-            sz = getattr(self, f"sz{i}").view(k // g, blocks, 64, 2).permute(1, 0, 2, 3)
-            scale = sz[..., 0].unsqueeze(2).contiguous()  # [blocks, K / g, 1, 64]
+            b = getattr(self, f"packed{i}").view(blocks, k, rows // 2)
+            q = torch.cat([b & 15, b >> 4], 2).view(blocks, k // g, g, rows)
+            sz = getattr(self, f"sz{i}").view(k // g, blocks, rows, 2).permute(1, 0, 2, 3)
+            scale = sz[..., 0].unsqueeze(2).contiguous()  # [blocks, K / g, 1, rows]
             offset = sz[..., 1].unsqueeze(2) - 8 * scale
             part = torch.addcmul(offset, q.to(sz.dtype), scale)
             w = part if w is None else w + part
-        return w.reshape(blocks, k, 64).transpose(1, 2).reshape(n, k)[: self.out_features]
+        return w.reshape(blocks, k, rows).transpose(1, 2).reshape(n, k)[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= DEQUANT_ROWS:  # x @ W^T with W^T expanded directly

@@ -7,11 +7,17 @@
     GET  /metrics                                the router's own counters (cadence:router_*)
     GET  /v1/router/replicas                     each replica: health, load, index size
 
-The client's Authorization header goes to the replica as it came (replicas share a key).
+The door is the API server's (entrypoints/guards.py): with `--api-key` every route but
+/health needs the key, checked before a body byte is read; bodies are capped in size and
+time; the Host header is checked. The client's Authorization header goes to the replica as
+it came (replicas share a key); a client's `kv_transfer_params` never does (the router
+signs its own: disagg.py).
+
 A replica that cannot be reached before it answered is taken out of rotation and the
-request goes to another; one that fails mid-answer ends that answer with an error (an SSE
-error event and [DONE] on a stream, 502 otherwise): the router never retries a request that
-may already have produced tokens, and nothing hangs.
+request goes to another; one that fails mid-answer, or stops answering for GIVE_UP_S, ends
+that answer with an error (an SSE error event and [DONE] on a stream, 502 otherwise): the
+router never retries a request that may already have produced tokens, and nothing hangs. A
+client that hangs up, streamed or not, ends its request on the replica too (relay.py).
 """
 
 from __future__ import annotations
@@ -20,20 +26,34 @@ import asyncio
 import json
 import logging
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from cadence.entrypoints.guards import Guard
 from cadence.router.disagg import prefill_remotely
 from cadence.router.policies import Choice, make_policy
 from cadence.router.prefix_index import chunk_keys
+from cadence.router.relay import ClientGone, ReplicaGone, relay, until_stopped
 from cadence.router.replicas import ReplicaSet
 
 logger = logging.getLogger("cadence.router")
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
+
+
+@dataclass
+class RouterOptions:
+    api_key: str | None = None  # clients' key, also the router's own polls of the replicas
+    kv_transfer_secret: str | None = None  # signs kv_transfer_params (--prefill: required)
+    allowed_hosts: frozenset[str] | None = None  # Host header names answered (None: any)
+    metrics_public: bool = False  # /metrics without the key
+    max_body_bytes: int = 32 * 2**20
+    body_timeout_s: float = 60.0  # a request body must arrive within this
+    replica_timeout_s: float | None = 600.0  # longest silence of a replica mid-answer
 
 
 def error(message: str, status: int, kind: str = "service_unavailable") -> JSONResponse:
@@ -84,14 +104,22 @@ class RouterMetrics:
 
 
 def prompt_text(path: str, body: dict) -> str | list[int]:
-    """What the routing key is made of: the (first) prompt, or the chat rendered plainly."""
+    """What the routing key is made of: the (first) prompt, or the chat rendered plainly.
+    Whatever shape a client sent, this returns a key (the replica judges the request)."""
     if path.endswith("/chat/completions"):
         parts = []
-        for m in body.get("messages") or []:
-            content = m.get("content") if isinstance(m, dict) else None
+        messages = body.get("messages")
+        for m in messages if isinstance(messages, list) else []:
+            if not isinstance(m, dict):
+                continue
+            content = m.get("content")
             if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(f"{m.get('role', '') if isinstance(m, dict) else ''}: {content or ''}")
+                content = "".join(
+                    p["text"]
+                    for p in content
+                    if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
+            parts.append(f"{m.get('role')}: {content if isinstance(content, str) else ''}")
         return "\n".join(parts)
     prompt = body.get("prompt", "")
     if isinstance(prompt, list) and prompt:
@@ -107,13 +135,15 @@ def create_router_app(
     tokenizer=None,
     startup_timeout_s: float = 0.0,
     prefill_urls: list[str] | None = None,
-    api_key: str | None = None,
+    options: RouterOptions | None = None,
     **policy_kw,
 ) -> FastAPI:
     """`urls`: the replicas that answer (with `prefill_urls`, the decode engines of a
     disaggregated deployment: disagg.py). `tokenizer`: encodes prompt text for the prefix
-    indexes (None: 4 bytes a token, a rough stand-in that still groups equal prefixes).
-    `api_key`: the replicas' key, for the router's own polls (clients bring their own)."""
+    indexes (None: 4 bytes a token, a rough stand-in that still groups equal prefixes)."""
+    opts = options or RouterOptions()
+    if prefill_urls and not opts.kv_transfer_secret:
+        raise ValueError("disaggregated serving (--prefill) needs the deployment's secret")
     choosers = {
         "decode": make_policy(policy, **policy_kw),
         "prefill": make_policy(policy, **policy_kw),
@@ -123,9 +153,9 @@ def create_router_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        sets = {"decode": ReplicaSet(urls, api_key)}
+        sets = {"decode": ReplicaSet(urls, opts.api_key, opts.replica_timeout_s)}
         if prefill_urls:
-            sets["prefill"] = ReplicaSet(prefill_urls, api_key)
+            sets["prefill"] = ReplicaSet(prefill_urls, opts.api_key, opts.replica_timeout_s)
         state["replicas"] = sets["decode"]
         state["prefill"] = sets.get("prefill")
         for replicas in sets.values():
@@ -141,6 +171,15 @@ def create_router_app(
                 await replicas.close()
 
     app = FastAPI(title="Cadence router", lifespan=lifespan)
+    app.add_middleware(
+        Guard,
+        api_key=opts.api_key,
+        allowed_hosts=opts.allowed_hosts,
+        metrics_public=opts.metrics_public,
+        max_body_bytes=opts.max_body_bytes,
+        body_timeout_s=opts.body_timeout_s,
+        draining=lambda: False,
+    )
 
     def keys_for(path: str, body: dict) -> tuple[list[bytes], int]:
         text = prompt_text(path, body)
@@ -149,7 +188,7 @@ def create_router_app(
         elif tokenizer is not None:
             ids = tokenizer.encode(text, add_special_tokens=False)
         else:
-            raw = text.encode()
+            raw = text.encode(errors="replace")
             ids = [int.from_bytes(raw[i : i + 4], "little") for i in range(0, len(raw), 4)]
         return chunk_keys(ids), len(ids)
 
@@ -175,28 +214,40 @@ def create_router_app(
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
-        except ValueError as e:
-            return error(f"invalid JSON body: {e}", 400, "invalid_request_error")
+        except (ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
+            return error(
+                f"invalid JSON body: {type(e).__name__}: {e}"[:300], 400, "invalid_request_error"
+            )
         if body.pop("kv_transfer_params", None) is not None:  # the router's own field
             raw = json.dumps(body).encode()
         keys, num_tokens = await asyncio.to_thread(keys_for, path, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        headers["content-type"] = "application/json"
         replicas: ReplicaSet = state["replicas"]
-        if state["prefill"] is not None:
+        if state["prefill"] is not None and _single_prompt(body):
 
             def route_prefill(tried: set[int]):
                 choice = route(keys, num_tokens, tried, "prefill")
                 return choice.replica if choice else None
 
-            params, failed = await prefill_remotely(
-                state["prefill"], route_prefill, path, body, headers, metrics
-            )
+            try:
+                params, failed = await prefill_remotely(
+                    state["prefill"],
+                    route_prefill,
+                    path,
+                    body,
+                    headers,
+                    metrics,
+                    opts.kv_transfer_secret,
+                    lambda work, r: until_stopped(work, request, r),
+                )
+            except ClientGone:
+                return Response(status_code=499)
             if failed is not None:
                 return failed
             if params is not None:
                 body["kv_transfer_params"] = params
                 raw = json.dumps(body).encode()
-                headers["content-type"] = "application/json"
         tried: set[int] = set()
         while True:
             choice = route(keys, num_tokens, tried)
@@ -210,21 +261,35 @@ def create_router_app(
             r.in_flight += 1
             r.sent_since_poll += 1
             try:
-                resp = await replicas.http.send(upstream, stream=True)
+                resp = await until_stopped(replicas.http.send(upstream, stream=True), request, r)
+            except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # taken, never answered
+                r.in_flight -= 1
+                metrics.errors.labels(r.url, "timeout").inc()
+                r.mark_down(f"{type(e).__name__}: {e}")
+                return error(f"replica {r.url} did not answer in time", 504, "timeout_error")
             except httpx.TransportError as e:  # nothing was sent back: safe to go elsewhere
                 r.in_flight -= 1
                 metrics.errors.labels(r.url, "unreachable").inc()
                 r.mark_down(f"{type(e).__name__}: {e}")
                 continue
+            except ClientGone:
+                r.in_flight -= 1
+                return Response(status_code=499)
+            except ReplicaGone:
+                r.in_flight -= 1
+                metrics.errors.labels(r.url, "gone").inc()
+                return error(f"replica {r.url} stopped answering", 502)
             break
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(
-                _relay(resp, r, metrics), status_code=resp.status_code, headers=out_headers
+                relay(resp, r, metrics), status_code=resp.status_code, headers=out_headers
             )
         try:
-            content = await resp.aread()
-        except httpx.HTTPError as e:
+            content = await until_stopped(resp.aread(), request, r)
+        except ClientGone:
+            return Response(status_code=499)
+        except (httpx.HTTPError, ReplicaGone) as e:
             metrics.errors.labels(r.url, "broken").inc()
             r.mark_down(f"{type(e).__name__}: {e}")
             return error(f"replica {r.url} failed while answering: {type(e).__name__}", 502)
@@ -292,25 +357,11 @@ def create_router_app(
     return app
 
 
-async def _relay(resp: httpx.Response, replica, metrics: RouterMetrics):
-    """The replica's SSE bytes as they come; a break mid-stream ends the client's stream
-    with an error event (the request is not retried: tokens may have gone out)."""
-    try:
-        async for chunk in resp.aiter_raw():
-            yield chunk
-    except httpx.HTTPError as e:
-        metrics.errors.labels(replica.url, "broken").inc()
-        replica.mark_down(f"{type(e).__name__}: {e}")
-        err = {
-            "error": {
-                "message": f"replica {replica.url} failed mid-stream ({type(e).__name__}); "
-                "the answer is incomplete",
-                "type": "service_unavailable",
-                "param": None,
-                "code": 502,
-            }
-        }
-        yield f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
-    finally:
-        replica.in_flight -= 1
-        await resp.aclose()
+def _single_prompt(body: dict) -> bool:
+    """One prompt (a transfer carries one prompt's K/V): chat, a string, or one id list."""
+    prompt = body.get("prompt")
+    if "messages" in body or isinstance(prompt, str):
+        return True
+    return isinstance(prompt, list) and (
+        all(isinstance(t, int) for t in prompt) or len(prompt) == 1
+    )

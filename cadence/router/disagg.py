@@ -10,7 +10,9 @@ URL`): each request is computed in two places.
        connector, computes the prompt's last token, and answers (streamed or not).
 
 If no prefill replica can be reached the decode replica computes the prompt itself; a
-prefill replica's 4xx (a bad request) is the client's answer.
+prefill replica's 4xx (a bad request) is the client's answer. Both requests' params are
+signed with the deployment's secret (kv_transfer/params.py): engines take the field from
+nobody else.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import uuid
 import httpx
 from fastapi.responses import Response
 
+from cadence.kv_transfer.params import sign
+from cadence.router.relay import ReplicaGone
 from cadence.router.replicas import ReplicaSet
 
 # What only shapes the output: the prefill replica's one token is thrown away.
@@ -49,16 +53,26 @@ PREFILL_DROP = frozenset(
 
 
 async def prefill_remotely(
-    prefills: ReplicaSet, route, path: str, body: dict, headers: dict, metrics
+    prefills: ReplicaSet,
+    route,
+    path: str,
+    body: dict,
+    headers: dict,
+    metrics,
+    secret: str,
+    until_stopped,
 ) -> tuple[dict | None, Response | None]:
     """Run step 1 (`route(tried)`: the policy's pick among the healthy prefill replicas
-    not yet tried, or None). Returns (the decode request's kv_transfer_params, None), or
-    (None, an error response for the client), or (None, None) when no prefill replica is
-    there."""
+    not yet tried, or None; `until_stopped(work, replica)`: `work`, unless the client or
+    the replica goes first: relay.py). Returns (the decode request's kv_transfer_params,
+    None), or (None, an error response for the client), or (None, None) when no prefill
+    replica is there."""
     transfer_id = uuid.uuid4().hex
     pbody = {k: v for k, v in body.items() if k not in PREFILL_DROP}
     pbody["max_tokens"] = 1
-    pbody["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
+    pbody["kv_transfer_params"] = sign(
+        {"do_remote_decode": True, "transfer_id": transfer_id}, secret
+    )
     tried: set[int] = set()
     while True:
         replica = route(tried)
@@ -72,8 +86,9 @@ async def prefill_remotely(
         replica.in_flight += 1
         replica.sent_since_poll += 1
         try:
-            resp = await prefills.http.post(replica.url + path, json=pbody, headers=headers)
-        except httpx.HTTPError as e:
+            work = prefills.http.post(replica.url + path, json=pbody, headers=headers)
+            resp = await until_stopped(work, replica)
+        except (httpx.HTTPError, ReplicaGone) as e:
             metrics.errors.labels(replica.url, "unreachable").inc()
             replica.mark_down(f"{type(e).__name__}: {e}")
             continue
@@ -83,4 +98,4 @@ async def prefill_remotely(
             media = resp.headers.get("content-type", "application/json")
             return None, Response(resp.content, resp.status_code, media_type=media)
         params = {"do_remote_prefill": True, "remote_addr": addr, "transfer_id": transfer_id}
-        return params, None
+        return sign(params, secret), None

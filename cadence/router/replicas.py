@@ -5,7 +5,9 @@ sequences, polled every POLL_INTERVAL_S) plus the requests this router has sent 
 that reading and not seen finish: between two polls a burst still spreads.
 
 Health: a replica whose /health fails (or whose connection fails while the router uses it)
-leaves the rotation at once; the poller brings it back when /health answers 200 again.
+leaves the rotation at once; the poller brings it back when /health answers 200 again. One
+that stays down for GIVE_UP_S (stopped, wedged, unreachable) is given up on: `gone` is set,
+and the requests it still holds end with an error rather than wait on it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ logger = logging.getLogger("cadence.router")
 
 POLL_INTERVAL_S = 1.0
 POLL_TIMEOUT_S = 2.0
+GIVE_UP_S = 8.0  # down this long: its in-flight requests end (502 / an SSE error event)
+CONNECT_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -37,6 +41,9 @@ class Replica:
     last_error: str | None = None
     stats: dict = field(default_factory=dict)  # its last /v1/engine/stats
     info: dict = field(default_factory=dict)  # its /version (read when it joins)
+    down_since: float | None = None  # time.monotonic() when it left the rotation
+    # Set when the router gives up on it (down GIVE_UP_S); a fresh one when it is back.
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def load(self) -> int:
@@ -46,14 +53,39 @@ class Replica:
     def mark_down(self, why: str) -> None:
         if self.healthy:
             logger.warning("replica %s is out of rotation: %s", self.url, why)
+        if self.down_since is None:
+            self.down_since = time.monotonic()
         self.healthy = False
         self.last_error = why
         # What it held is gone with it (a restarted replica starts cold).
         self.prefixes.remove_all()
 
+    def give_up_if_long_down(self) -> None:
+        if self.down_since is None or self.gone.is_set():
+            return
+        if time.monotonic() - self.down_since >= GIVE_UP_S:
+            logger.error(
+                "replica %s has been down %.0f s: ending the %d requests it holds",
+                self.url,
+                GIVE_UP_S,
+                self.in_flight,
+            )
+            self.gone.set()
+
+    def mark_up(self) -> None:
+        self.healthy = True
+        self.last_error = None
+        self.down_since = None
+        if self.gone.is_set():
+            self.gone = asyncio.Event()
+
 
 class ReplicaSet:
-    def __init__(self, urls: list[str], api_key: str | None = None) -> None:
+    def __init__(
+        self, urls: list[str], api_key: str | None = None, read_timeout_s: float | None = None
+    ) -> None:
+        """`read_timeout_s`: the longest a replica may go without sending a byte of an
+        answer (None: no bound; a stopped replica is still given up on after GIVE_UP_S)."""
         if not urls:
             raise ValueError("a router needs at least one replica")
         self.replicas = [Replica(u.rstrip("/"), i) for i, u in enumerate(urls)]
@@ -61,7 +93,7 @@ class ReplicaSet:
         # goes on with the client's own Authorization, never with this one.
         self.auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=5.0),
+            timeout=httpx.Timeout(read_timeout_s, connect=CONNECT_TIMEOUT_S),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
         )
         self._task: asyncio.Task | None = None
@@ -89,6 +121,8 @@ class ReplicaSet:
 
     async def poll_all(self) -> None:
         await asyncio.gather(*(self._poll(r) for r in self.replicas))
+        for r in self.replicas:
+            r.give_up_if_long_down()
 
     async def _poll_forever(self) -> None:
         while True:
@@ -122,5 +156,4 @@ class ReplicaSet:
                 r.mark_down(f"/version: {type(e).__name__}: {e}")
                 return
             logger.info("replica %s is in rotation", r.url)
-        r.healthy = True
-        r.last_error = None
+        r.mark_up()

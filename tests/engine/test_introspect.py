@@ -24,7 +24,7 @@ def ask(intro: Introspection, method: str, **args) -> P.EngineCallReply:
 
 def test_requests_lists_what_the_core_holds_with_its_state(llm):
     core = llm.engine
-    intro = Introspection(core, None)
+    intro = Introspection(core)
     prompts = make_prompts(512, [20, 5], seed=8)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     for i, p in enumerate(prompts):
@@ -46,9 +46,13 @@ def test_requests_lists_what_the_core_holds_with_its_state(llm):
 
 
 def test_bad_calls_are_answered_with_an_error_not_raised(llm):
-    intro = Introspection(llm.engine, None)
+    intro = Introspection(llm.engine)
     assert "unknown call" in ask(intro, "reboot").error
     assert ask(intro, "steps", bogus=1).error  # an argument the method does not take
     no_dir = ask(intro, "start_profile")
     assert no_dir.result is None and "--profile-dir" in no_dir.error
-    assert "no profile" in ask(Introspection(llm.engine, "/tmp"), "stop_profile").error
+    llm.engine.config.profile_dir = "/tmp"
+    try:
+        assert "no profile" in ask(Introspection(llm.engine), "stop_profile").error
+    finally:
+        llm.engine.config.profile_dir = None

@@ -16,7 +16,13 @@ from model_helpers import hf_greedy, make_prompts
 from cadence import LLM, SamplingParams
 
 NEW_TOKENS = 12
-ENGINE = dict(dtype="float32", num_gpu_blocks_override=128, check_kv_integrity=True)
+SECRET = "test-deployment-secret-0123"
+ENGINE = dict(
+    dtype="float32",
+    num_gpu_blocks_override=128,
+    check_kv_integrity=True,
+    kv_transfer_secret=SECRET,
+)
 
 
 @pytest.fixture(scope="module", params=["tcp", "shm"])
@@ -101,12 +107,14 @@ def test_prefix_hits_on_both_sides(engines, hf_model):
 def test_fetched_transfers_leave_nothing_behind(engines):
     """Each staged transfer is taken once; a shared-memory file goes when released."""
     _, prefill, _ = engines
+    connector = prefill.kv_connector
     deadline = time.monotonic() + 5
-    while prefill.kv_connector._files if hasattr(prefill.kv_connector, "_files") else False:
-        assert time.monotonic() < deadline, prefill.kv_connector._files
+    while connector.num_staged:  # (shm: fetched files wait for their reader's release)
+        assert time.monotonic() < deadline, connector.num_staged
         time.sleep(0.01)
-    assert prefill.kv_connector.num_staged == 0
-    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"cadence-kv-{os.getpid()}")]
+    if hasattr(connector, "_dir"):  # the engine's own 0700 directory, empty again
+        assert os.stat(connector._dir).st_mode & 0o777 == 0o700
+        assert os.listdir(connector._dir) == []
 
 
 def test_a_failed_transfer_computes_the_prompt_locally(engines, hf_model):
@@ -179,3 +187,45 @@ def test_samples_of_one_prompt_share_one_load(engines, hf_model):
     }
     assert run(decode, {"g3": (prompt, params)}) == {"g3": want}
     assert (stats.num_loads, stats.num_failed_loads) == (loads + 1, failed)
+
+
+def test_a_transfer_id_staged_twice_keeps_one_copy_and_serves_the_last(engines, hf_model):
+    """A reused id replaces the staged K/V (the old copy, and its file, go at once); the
+    fetch gets the newer prompt's K/V; nothing is left behind after it."""
+    path, prefill, decode = engines
+    first, second = make_prompts(512, [40, 40], seed=48)
+    connector = prefill.kv_connector
+    held = connector.num_staged  # (transfers earlier tests left unfetched)
+    files = set(os.listdir(connector._dir)) if hasattr(connector, "_dir") else set()
+    for prompt in (first, second):
+        params = SamplingParams(temperature=0, max_tokens=1)
+        params.kv_transfer_params = {"do_remote_decode": True, "transfer_id": "dup"}
+        run(prefill, {"p-dup": (prompt, params)})
+    assert connector.num_staged == held + 1
+    if hasattr(connector, "_dir"):  # one new file, the engine's own, 0600
+        (new,) = set(os.listdir(connector._dir)) - files
+        assert os.stat(os.path.join(connector._dir, new)).st_mode & 0o777 == 0o600
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    params.kv_transfer_params = {
+        "do_remote_prefill": True,
+        "remote_addr": connector.addr,
+        "transfer_id": "dup",
+    }
+    failed = decode.scheduler.remote.stats.num_failed_loads
+    want = hf_greedy(hf_model(path), second, NEW_TOKENS)
+    assert run(decode, {"d-dup": (second, params)}) == {"d-dup": want}
+    assert decode.scheduler.remote.stats.num_failed_loads == failed
+    deadline = time.monotonic() + 5
+    while connector.num_staged > held:  # released after the load
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("tid", ["x/y", "../../etc/passwd", "", 7])
+def test_a_bad_transfer_id_is_a_clear_error_offline(engines, tid):
+    _, prefill, _ = engines
+    params = SamplingParams(temperature=0, max_tokens=1)
+    params.kv_transfer_params = {"do_remote_decode": True, "transfer_id": tid}
+    with pytest.raises(ValueError, match="transfer_id"):
+        prefill.add_request("bad-tid", [1, 2, 3], params)
+    assert not prefill.has_unfinished_requests()

@@ -24,6 +24,7 @@ import zmq
 from engine_helpers import process_alive, wait_gone
 from server_helper import Server
 
+from cadence.config import EngineConfig
 from cadence.core.scheduler_output import SchedulerStats
 from cadence.engine import protocol as P
 from cadence.engine.core_proc import EngineExit, EngineLoop, make_outbox, send_or_exit
@@ -143,6 +144,7 @@ class SilentCore:
     class runner:
         num_blocks = 16
 
+    config = EngineConfig()
     timeline = StepTimeline(0)
 
     def has_unfinished_requests(self) -> bool:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 from model_helpers import make_prompts
-from router_helper import router
+from router_helper import KV_ENV, router
 from server_helper import Server, metric
 
 ARGS = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
@@ -43,9 +43,9 @@ def pd(tiny_model_dir, request):
     two GPUs the decode engine runs on the second and sees the first (its K/V source)."""
     device, connector, gpus = request.param
     flags = CPU if device == "cpu" else ["--device", "cuda"]
-    envs = [None, None]
+    envs = [KV_ENV, KV_ENV]
     if gpus == 2:
-        envs = [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1,0"}]
+        envs = [{**KV_ENV, "CUDA_VISIBLE_DEVICES": "0"}, {**KV_ENV, "CUDA_VISIBLE_DEVICES": "1,0"}]
     servers = [
         Server(
             [

@@ -13,7 +13,8 @@
 //   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
 //                   block_size, scale)       short queries read K/V straight from the pool
 //   bind_threads(cores)                      pin the intra-op threads, one to a core
-//   expand_int4(out, packed, sz, group, acc) a packed int4 weight, expanded as W^T [K, N]
+//   expand_int4(out, packed, sz, group, acc, block_rows)
+//                                            a packed int4 weight, expanded as W^T [K, N]
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -31,7 +32,7 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                      torch::Tensor query_lens, torch::Tensor seq_lens, int64_t block_size,
                      double scale);
 void expand_int4(torch::Tensor out, torch::Tensor packed, torch::Tensor scales_zeros,
-                 int64_t group, bool accumulate);
+                 int64_t group, bool accumulate, int64_t block_rows);
 void bind_threads(std::vector<int64_t> cores);
 }  // namespace cadence_cpu
 

@@ -126,7 +126,7 @@
     for (const q of answer.requests) {
       const tr = document.createElement("tr");
       const cells = [
-        q.id,
+        q.id ?? "(hidden: admin key)",
         q.state,
         fmt(q.prompt_tokens),
         fmt(q.output_tokens),

@@ -1,0 +1,87 @@
+"""Carrying one answer from a replica back to its client, and ending it when either side
+goes away.
+
+    await until_stopped(work, request, replica)   the upstream call, unless the client
+                                                  hangs up (ClientGone) or the router gives
+                                                  up on the replica (ReplicaGone) first
+    relay(resp, replica, metrics)                 an SSE stream's bytes as they come; ends
+                                                  with an error event if the replica breaks
+
+Cancelling the upstream call closes its connection, which the replica takes for a hang-up
+and aborts the request: a client that leaves frees its sequences on the replica, streamed
+or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+from fastapi import Request
+
+
+class ClientGone(Exception):
+    pass
+
+
+class ReplicaGone(Exception):
+    pass
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body was read: the next message is that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_stopped(work, request: Request, replica):
+    """`work`'s result, or ClientGone / ReplicaGone when that happens first (then `work`
+    is cancelled)."""
+    task = asyncio.ensure_future(work)
+    client = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(replica.gone.wait())
+    try:
+        await asyncio.wait({task, client, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        client.cancel()
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        raise ReplicaGone if replica.gone.is_set() else ClientGone
+    return task.result()
+
+
+def sse_error(message: str) -> bytes:
+    err = {"error": {"message": message, "type": "service_unavailable", "param": None, "code": 502}}
+    return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+
+
+async def relay(resp: httpx.Response, replica, metrics):
+    """The replica's SSE bytes as they come; a break mid-stream (or the router giving up
+    on the replica) ends the client's stream with an error event (the request is not
+    retried: tokens may have gone out). A client that leaves stops the iteration, and the
+    `finally` closes the upstream connection."""
+    watch = asyncio.ensure_future(_close_when_gone(resp, replica))
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.HTTPError as e:
+        if replica.gone.is_set():
+            why = "stopped answering"
+        else:
+            metrics.errors.labels(replica.url, "broken").inc()
+            replica.mark_down(f"{type(e).__name__}: {e}")
+            why = f"failed mid-stream ({type(e).__name__})"
+        yield sse_error(f"replica {replica.url} {why}; the answer is incomplete")
+    finally:
+        watch.cancel()
+        replica.in_flight -= 1
+        await resp.aclose()
+
+
+async def _close_when_gone(resp: httpx.Response, replica) -> None:
+    await replica.gone.wait()
+    await resp.aclose()  # the relay's read then fails: it ends the stream
