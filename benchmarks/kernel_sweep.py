@@ -4,7 +4,7 @@
 
 1. Kernel B of the Triton attention backend on decode-only batches (what a CUDA graph of
    a decode step runs): BLOCK_N x warps x stages, against the KV bytes each batch must read.
-2. cadence.layers.gemv (batch-1 linear layers) against torch's F.linear (cuBLAS) on
+2. cadence.ops.gemv (batch-1 linear layers) against torch's F.linear (cuBLAS) on
    Llama-3.1-8B's projection shapes: BLOCK_N x BLOCK_K x warps x stages.
 3. benchmarks/skinny_gemm.py (decode-batch linear layers, M = 1 and 64) against cuBLAS on
    the same shapes, each timed over enough weight copies that they cannot sit in the L2
@@ -29,7 +29,7 @@ import skinny_gemm as sg  # noqa: E402
 from attention_kernels import make_step  # noqa: E402
 
 import cadence.attention.triton_paged as tp  # noqa: E402
-import cadence.layers.gemv as gv  # noqa: E402
+import cadence.ops.gemv as gv  # noqa: E402
 
 
 def graph_ms(fn, rep: int = 50) -> float:

@@ -82,7 +82,7 @@ def main() -> None:
     )
     start_s = time.perf_counter() - t0
     compiles_at_start = len(COMPILES)
-    runner = llm.engine.runner
+    runner = llm.engine.runner.driver
     model = runner.model
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if model.lm_head is not None:  # the embedding table is gathered, not read whole

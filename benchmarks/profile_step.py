@@ -189,7 +189,7 @@ def main() -> None:
         tensor_parallel_size=args.tensor_parallel_size,
     )
     engine = llm.engine
-    model = engine.runner.model
+    model = engine.runner.driver.model
     params = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
     embed = sum(v for n, v in params.items() if "embed_tokens" in n)
     tied = not any("lm_head" in n for n in params)
@@ -271,7 +271,10 @@ def main() -> None:
     prof, wall = profile_steps(engine, args.profile_steps)
     ctx = args.input_len + 5 + args.profile_steps // 2
     kv_bytes = (
-        args.batch_size * ctx * engine.runner._kv_bytes_per_block() / engine.runner.block_size
+        args.batch_size
+        * ctx
+        * engine.runner.driver._kv_bytes_per_block()
+        / engine.runner.driver.block_size
     )
     table = kernel_table(prof, args.profile_steps)
     gpu = sum(table.values())

@@ -23,7 +23,7 @@ from cadence.loader.loader import weight_bytes
 base = rss()
 llm = LLM(quantization=sys.argv[1], dtype="bfloat16", kv_cache_memory=16 * 2**20)
 print(f"{sys.argv[1]:6s} RSS after imports {base:5.0f} MiB, with the engine {rss():5.0f} MiB "
-      f"(+{rss() - base:.0f}); model tensors {weight_bytes(llm.engine.runner.model) / 2**20:.0f} MiB")
+      f"(+{rss() - base:.0f}); model tensors {weight_bytes(llm.engine.runner.driver.model) / 2**20:.0f} MiB")
 """
 
 

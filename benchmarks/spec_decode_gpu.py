@@ -115,7 +115,7 @@ def mode_verify(args) -> None:
     spec = {"method": "ngram", "num_speculative_tokens": 8}
     llm = make_llm(args, spec)
     engine = llm.engine
-    proposer = engine.runner.spec.proposer
+    proposer = engine.runner.driver.drafter.proposer
     guess = {"n": 0}
 
     def fixed(step, caps):
@@ -170,7 +170,7 @@ def mode_plain(args) -> None:
 def mode_draft(args) -> None:
     spec = {"method": args.method, "model": args.draft, "num_speculative_tokens": args.k}
     engine = make_llm(args, spec).engine
-    proposer = engine.runner.spec.proposer
+    proposer = engine.runner.driver.drafter.proposer
     draft_times: list[float] = []
     inner = proposer.propose
 

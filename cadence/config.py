@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 from dataclasses import dataclass, field
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,9 +45,14 @@ class CacheConfig:
     num_gpu_blocks_override: int | None = None  # KV pool size in blocks (tests, any device)
     enable_prefix_caching: bool = True
     prefix_cache: str = "hash"  # hash (vLLM's block hash table) | radix (SGLang's tree)
+    radix_eviction_policy: str = "lru"  # radix cache: which leaf goes first, lru | lfu
     # auto: the model's dtype. fp8 (= fp8_e4m3): e4m3 with a per-layer scale (the
     # checkpoint's k_scale / v_scale, else 1.0); a block holds the same tokens in half the bytes.
     kv_cache_dtype: str = "auto"  # auto | fp8 | fp8_e4m3
+
+
+# The order waiting requests are admitted in (cadence/core/policies.py implements them).
+SCHEDULING_POLICIES = ("fcfs", "priority", "lpm", "dfs-weight")
 
 
 @dataclass
@@ -258,9 +266,17 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.model.dtype!r}")
         if c.prefix_cache not in ("hash", "radix"):
             raise ValueError(f"prefix_cache must be hash or radix, got {c.prefix_cache!r}")
-        from cadence.core.policies import make_policy
-
-        make_policy(s.scheduling_policy, s.scheduling_aging_steps)  # raises on a bad name
+        if c.radix_eviction_policy not in ("lru", "lfu"):
+            raise ValueError(
+                f"radix_eviction_policy must be lru or lfu, got {c.radix_eviction_policy!r}"
+            )
+        if s.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"unknown scheduling policy {s.scheduling_policy!r}; "
+                f"choose one of {', '.join(SCHEDULING_POLICIES)}"
+            )
+        if s.scheduling_aging_steps < 1:
+            raise ValueError("scheduling_aging_steps must be positive")
         if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
             raise ValueError(f"unknown attention backend {self.attention_backend!r}")
         if self.max_cuda_graph_batch_size < 1:
@@ -300,6 +316,21 @@ class EngineConfig:
                     "speculative decoding does not run under tensor parallelism yet: "
                     "use --tensor-parallel-size 1"
                 )
+
+    def fill_defaults(self, device_type: str) -> None:
+        """Settle what depends on the device ("cuda", "cpu"), once, before the engine starts."""
+        sc = self.scheduler
+        if sc.max_num_batched_tokens is None:
+            sc.max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(device_type, 2048)
+        if sc.async_scheduling is None:
+            # On a GPU the host prepares step N+1 while the device runs step N (H200,
+            # Llama-8B: +5 % at batch 1, +13 % at batch 64). A CPU computes the forward on
+            # the calling thread, so there is nothing to overlap.
+            sc.async_scheduling = device_type == "cuda"
+        if self.speculative is not None and sc.async_scheduling:
+            # The next step's drafts depend on how many of this step's were accepted.
+            logger.info("speculative decoding runs synchronous steps (no async scheduling)")
+            sc.async_scheduling = False
 
     @property
     def num_lookahead_tokens(self) -> int:

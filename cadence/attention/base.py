@@ -44,10 +44,23 @@ class AttentionMetadata:
     backend_data: object = None  # whatever the backend precomputed in build()
 
 
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend can do beyond `build` and `forward`, declared as data: the runner
+    and the drafters read these, never probe for methods."""
+
+    decode_graphs: bool = False  # decode_plan(): decode steps replay captured CUDA graphs
+    mixed_graphs: bool = False  # mixed_graph_plan(): prefill/mixed steps replay them too
+    split_kv: bool = False  # graph_split_parts(): long contexts split across programs
+    fp8_kv: bool = True  # reads and writes an FP8 (e4m3) KV cache
+
+
 class AttentionBackend(abc.ABC):
-    """Subclasses fill in `build` (once a step) and `forward` (once a layer)."""
+    """Subclasses fill in `build` (once a step) and `forward` (once a layer), and declare
+    `capabilities`; a capability's methods below are theirs to override."""
 
     name = "base"
+    capabilities = BackendCapabilities()
 
     def build(self, meta: AttentionMetadata) -> AttentionMetadata:
         return meta
@@ -68,3 +81,17 @@ class AttentionBackend(abc.ABC):
         rotated), write k/v into their slots, then attend each query token to its context.
         q and k may be rotated in place. `kv_scale` (k_scale, v_scale) applies to an FP8
         cache only."""
+
+    # ---- capabilities (see BackendCapabilities) ----------------------------------------
+
+    def decode_plan(self, num_reqs: int, device: torch.device, split: bool = False):
+        """A decode step's plan with static shapes, for graph capture (decode_graphs)."""
+        raise NotImplementedError(f"the {self.name} backend has no graph-safe decode")
+
+    def mixed_graph_plan(self, work_req: torch.Tensor, work_qoff: torch.Tensor):
+        """A mixed step's plan over fixed work buffers, for graph capture (mixed_graphs)."""
+        raise NotImplementedError(f"the {self.name} backend has no graph-safe mixed step")
+
+    def graph_split_parts(self, num_reqs: int, device: torch.device) -> int:
+        """How many parts a captured decode splits long contexts into (split_kv); 0: none."""
+        return 0

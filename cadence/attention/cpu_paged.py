@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from cadence.attention.torch_ref import TorchAttentionBackend, _Plan
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 
 class CpuPagedAttentionBackend(TorchAttentionBackend):

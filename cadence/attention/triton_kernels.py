@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cadence.layers.fused import gdc_wait, rotate_half_rows
+from cadence.ops.fused import gdc_wait, rotate_half_rows
 
 # ---------------------------------------------------------------------------------------
 # Kernel A: write the step's K/V into the cache.

@@ -59,9 +59,14 @@ from dataclasses import dataclass
 import torch
 
 from cadence.attention import triton_split_kv
-from cadence.attention.base import AttentionBackend, AttentionMetadata, is_fp8
+from cadence.attention.base import (
+    AttentionBackend,
+    AttentionMetadata,
+    BackendCapabilities,
+    is_fp8,
+)
 from cadence.attention.triton_kernels import paged_attention_kernel, write_kv_kernel
-from cadence.layers.fused import pdl
+from cadence.ops.fused import pdl
 
 LOG2E = 1.4426950408889634
 MAX_WORK_Q = 64  # most query tokens in one work item of kernel B
@@ -140,6 +145,7 @@ class TritonAttentionBackend(AttentionBackend):
     """
 
     name = "triton"
+    capabilities = BackendCapabilities(decode_graphs=True, mixed_graphs=True, split_kv=True)
     MIXED_GRAPH_WORK_Q = MAX_WORK_Q  # query tokens per work item in mixed-step graphs
 
     def __init__(

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from cadence.attention.triton_kernels import attend
-from cadence.layers.fused import gdc_wait
+from cadence.ops.fused import gdc_wait
 
 # Launch settings of kernel C and the split rule's constants, from benchmarks/split_kv_sweep.py
 # on an H200 (Llama-3.1-8B's 32/8 heads, head_dim 128, bf16). Module constants, so a sweep

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from cadence.cli.args import non_negative_int, positive_int
+from cadence.engine_args import non_negative_int, positive_int
 
 # The `mixed` set: lengths uniform in these closed ranges.
 MIXED_INPUT_RANGE = (16, 512)
@@ -293,8 +293,8 @@ def run_throughput(args: argparse.Namespace, engine_kwargs: dict) -> dict:
         "date": _now(),
         "machine": machine_info(),
         "model": llm.engine.runner.model_path,
-        "dtype": str(llm.engine.runner.dtype).removeprefix("torch."),
-        "device": str(llm.engine.runner.device),
+        "dtype": str(llm.engine.runner.driver.dtype).removeprefix("torch."),
+        "device": str(llm.engine.runner.driver.device),
         "engine_args": {k: v for k, v in engine_kwargs.items()},
         "workload": _workload_desc(args),
         "num_preemptions": stats.num_preemptions,
@@ -416,8 +416,8 @@ def run_latency(args: argparse.Namespace, engine_kwargs: dict) -> dict:
         "date": _now(),
         "machine": machine_info(),
         "model": engine.runner.model_path,
-        "dtype": str(engine.runner.dtype).removeprefix("torch."),
-        "device": str(engine.runner.device),
+        "dtype": str(engine.runner.driver.dtype).removeprefix("torch."),
+        "device": str(engine.runner.driver.device),
         "engine_args": dict(engine_kwargs),
         "batch_size": args.batch_size,
         "input_len": args.input_len,

@@ -15,7 +15,7 @@ import os
 from cadence.bench import report
 from cadence.bench.offline import _ratio
 from cadence.bench.stats import parse_slo
-from cadence.cli.args import non_negative_int, positive_float, positive_int
+from cadence.engine_args import non_negative_int, positive_float, positive_int
 
 ENDPOINTS = {
     "completions": "/v1/completions",

@@ -7,7 +7,7 @@
     cadence serve [MODEL] [--data-parallel-size N] [...]
     cadence router --worker URL [--worker URL ...] [--policy cache-aware]
 
-Engine flags (--dtype, --max-num-batched-tokens, ...) come from cadence/cli/args.py, which
+Engine flags (--dtype, --max-num-batched-tokens, ...) come from cadence/engine_args.py, which
 generates them from the configuration dataclasses; `cadence <command> --help` lists them.
 """
 
@@ -17,7 +17,7 @@ import argparse
 import logging
 import sys
 
-from cadence.cli.args import add_engine_args, check_engine_args, positive_int
+from cadence.engine_args import add_engine_args, check_engine_args, positive_int
 
 _LOG_LEVELS = ("debug", "info", "warning", "error")
 

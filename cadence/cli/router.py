@@ -7,7 +7,7 @@ import argparse
 import logging
 import os
 
-from cadence.cli.args import non_negative_float
+from cadence.engine_args import non_negative_float
 
 logger = logging.getLogger("cadence.router")
 

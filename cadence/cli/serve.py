@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from cadence.cli.args import check_engine_args, non_negative_float, positive_float, positive_int
+from cadence.engine_args import check_engine_args, non_negative_float, positive_float, positive_int
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:

@@ -1,267 +1,38 @@
-"""All KV-cache accounting: the block pool, the prefix cache and the per-request manager.
+"""Which blocks each request holds: the scheduler's one door to the block pool.
 
-Pure Python over plain numbers; no tensors. The worker owns the memory, this module owns
-which block holds what.
+    KVCacheManager
+      pool            BlockPool (block_pool.py): blocks, reference counts, the free queue
+      pool.cache      PrefixCache (prefix_cache.py): hash | radix | none, picked here
+      req_blocks      request id -> its blocks, in token order
 
-    BlockPool
-      blocks[i]          one KVBlock per physical block, id == index
-      free queue         doubly linked, LRU at the head; a freed block joins at the tail
-                         and keeps its hash, so it can still be hit until it is reused
-      cached             block hash -> block (full blocks only; one block per hash)
-
-    A block is in exactly one of three states:
-      held      ref_cnt > 0, not in the free queue (may also be cached)
-      cached    ref_cnt == 0, in the free queue, has a hash (a prefix-cache hit revives it)
-      free      ref_cnt == 0, in the free queue, no hash
-
-    With the radix cache (`prefix_cache="radix"`, cadence/core/radix_cache.py) the hash map
-    is replaced by a tree, and an unreferenced block in the tree stays *out* of the free
-    queue: the tree evicts it (LRU leaf first) when the queue runs short. Free blocks are
-    then the free queue plus the tree's unreferenced blocks.
-
-Block hashes chain: hash(block i) = sha256(hash(block i-1) || token ids of block i || extra),
-so one hash names a whole prefix, and equal hashes mean equal prefixes.
+The manager never asks which prefix cache it has: `get_computed_blocks` asks the cache for a
+request's longest cached prefix, `cache_blocks` tells it which full blocks now hold K/V.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from cadence.core.radix_cache import RadixTree
+from cadence.core.block import KVBlock
+from cadence.core.block_pool import BlockPool
+from cadence.core.hash_prefix_cache import HashPrefixCache
+from cadence.core.prefix_cache import NoPrefixCache, PrefixCache
+from cadence.core.radix_cache import RadixPrefixCache
 from cadence.core.request import Request
 
-NONE_HASH = b"\x00" * 32
+PREFIX_CACHES = ("hash", "radix")
 
 
-def hash_block_tokens(
-    parent_hash: bytes | None, token_ids: Sequence[int], extra: bytes = b""
-) -> bytes:
-    """A stable (process-independent) hash of a full block and everything before it."""
-    h = hashlib.sha256(parent_hash or NONE_HASH)
-    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
-    if extra:
-        h.update(extra)
-    return h.digest()
-
-
-def make_block_hasher(block_size: int, extra: bytes = b""):
-    """Returns f(request) -> hashes of the request's full blocks not yet hashed."""
-
-    def hasher(request: Request) -> list[bytes]:
-        done = len(request.block_hashes)
-        parent = request.block_hashes[-1] if done else None
-        new: list[bytes] = []
-        start = done * block_size
-        tokens = request.all_token_ids
-        while start + block_size <= len(tokens):
-            parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
-            new.append(parent)
-            start += block_size
-        return new
-
-    return hasher
-
-
-class KVBlock:
-    __slots__ = ("block_id", "ref_cnt", "block_hash", "node", "prev_free", "next_free")
-
-    def __init__(self, block_id: int) -> None:
-        self.block_id = block_id
-        self.ref_cnt = 0
-        self.block_hash: bytes | None = None
-        self.node = None  # the radix-tree node holding this block, if any
-        self.prev_free: KVBlock | None = None
-        self.next_free: KVBlock | None = None
-
-    def __repr__(self) -> str:
-        h = self.block_hash.hex()[:8] if self.block_hash else None
-        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={h})"
-
-
-class FreeBlockQueue:
-    """Doubly linked list of free blocks with O(1) pop-left, append and remove-from-middle.
-
-    Head = least recently freed = next to be reused (and so evicted from the prefix cache).
-    """
-
-    def __init__(self, blocks: list[KVBlock]) -> None:
-        self._head = KVBlock(-1)  # sentinels: no None checks in the hot paths
-        self._tail = KVBlock(-1)
-        self._head.next_free = self._tail
-        self._tail.prev_free = self._head
-        self.num_free = 0
-        for b in blocks:
-            self.append(b)
-
-    def popleft(self) -> KVBlock:
-        block = self._head.next_free
-        if block is self._tail or block is None:
-            raise ValueError("no free blocks")
-        self.remove(block)
-        return block
-
-    def remove(self, block: KVBlock) -> None:
-        assert block.prev_free is not None and block.next_free is not None, block
-        block.prev_free.next_free = block.next_free
-        block.next_free.prev_free = block.prev_free
-        block.prev_free = block.next_free = None
-        self.num_free -= 1
-
-    def append(self, block: KVBlock) -> None:
-        last = self._tail.prev_free
-        assert last is not None
-        last.next_free = block
-        block.prev_free = last
-        block.next_free = self._tail
-        self._tail.prev_free = block
-        self.num_free += 1
-
-    def __iter__(self):
-        b = self._head.next_free
-        while b is not None and b is not self._tail:
-            yield b
-            b = b.next_free
-
-    def __len__(self) -> int:
-        return self.num_free
-
-
-class BlockPool:
-    def __init__(
-        self,
-        num_blocks: int,
-        enable_caching: bool = True,
-        block_size: int = 16,
-        radix: bool = False,
-    ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"the KV pool needs at least one block, got {num_blocks}")
-        self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached: dict[bytes, KVBlock] = {}
-        self._num_hash_evictions = 0
-        self._num_cached_free = 0  # hash mode: blocks in the free queue that keep a hash
-        self.tree: RadixTree | None = None
-        if enable_caching and radix:
-            self.tree = RadixTree(block_size, self.free_queue.append)
-
-    @property
-    def num_free_blocks(self) -> int:
-        evictable = self.tree.num_evictable if self.tree is not None else 0
-        return self.free_queue.num_free + evictable
-
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a cached prefix (reusable on a hit, evictable)."""
-        return self.tree.num_evictable if self.tree is not None else self._num_cached_free
-
-    @property
-    def num_evictions(self) -> int:
-        """Cached blocks reused for other data, since start."""
-        return self.tree.num_evictions if self.tree is not None else self._num_hash_evictions
-
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks held by requests (cached-but-free blocks count as free)."""
-        return 1.0 - self.num_free_blocks / self.num_blocks
-
-    def get_new_blocks(self, n: int) -> list[KVBlock]:
-        if n > self.num_free_blocks:
-            raise ValueError(f"asked for {n} blocks, {self.num_free_blocks} free")
-        if self.tree is not None and n > self.free_queue.num_free:
-            self.tree.evict(n - self.free_queue.num_free)
-        out = []
-        for _ in range(n):
-            block = self.free_queue.popleft()
-            self._evict(block)
-            block.ref_cnt = 1
-            out.append(block)
-        return out
-
-    def _evict(self, block: KVBlock) -> None:
-        if block.block_hash is not None:
-            if self.cached.get(block.block_hash) is block:
-                del self.cached[block.block_hash]
-            block.block_hash = None
-            self._num_hash_evictions += 1
-            self._num_cached_free -= 1
-
-    def lookup(self, block_hash: bytes) -> KVBlock | None:
-        return self.cached.get(block_hash)
-
-    def touch(self, blocks: Iterable[KVBlock]) -> None:
-        """Take a reference on cache hits, reviving any that sat in the free queue."""
-        for block in blocks:
-            if block.ref_cnt == 0:
-                if block.node is not None:
-                    self.tree.num_evictable -= 1  # in the tree, not the queue
-                else:
-                    self.free_queue.remove(block)
-                    self._num_cached_free -= block.block_hash is not None
-            block.ref_cnt += 1
-
-    def free(self, blocks: Iterable[KVBlock]) -> None:
-        """Drop a reference; blocks that reach zero join the free queue's tail in this order."""
-        for block in blocks:
-            block.ref_cnt -= 1
-            assert block.ref_cnt >= 0, block
-            if block.ref_cnt == 0:
-                if block.node is not None:
-                    self.tree.num_evictable += 1  # stays in the tree until evicted
-                else:
-                    self.free_queue.append(block)
-                    self._num_cached_free += block.block_hash is not None
-
-    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
-        if block.block_hash is not None:
-            return  # already names its prefix (a hit, or cached earlier)
-        if block_hash in self.cached:
-            return  # another block already holds this prefix; this one stays private
-        block.block_hash = block_hash
-        self.cached[block_hash] = block
-
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix; only possible when no request holds a block."""
-        if self.num_free_blocks != self.num_blocks:
-            return False
-        if self.tree is not None:
-            self.tree.evict(self.num_blocks)
-        for block in self.blocks:
-            block.block_hash = None
-        self.cached.clear()
-        self._num_cached_free = 0
-        return True
-
-    def check_integrity(self, held: dict[str, list[KVBlock]]) -> None:
-        """Raise AssertionError if the accounting is inconsistent. `held`: req id -> blocks."""
-        in_queue = set()
-        for b in self.free_queue:
-            assert b.ref_cnt == 0, f"{b} is in the free queue with references"
-            assert b.block_id not in in_queue, f"{b} is in the free queue twice"
-            in_queue.add(b.block_id)
-        assert len(in_queue) == self.free_queue.num_free
-        if self.tree is None:
-            hashed = sum(self.blocks[i].block_hash is not None for i in in_queue)
-            assert hashed == self._num_cached_free, (hashed, self._num_cached_free)
-        if self.tree is not None:
-            self.tree.check_integrity()
-        refs = [0] * self.num_blocks
-        for blocks in held.values():
-            for b in blocks:
-                refs[b.block_id] += 1
-        for b in self.blocks:
-            assert b.ref_cnt == refs[b.block_id], f"{b}: {refs[b.block_id]} holders"
-            free = b.block_id in in_queue or (b.node is not None and b.ref_cnt == 0)
-            assert (b.ref_cnt == 0) == free, f"{b} neither held nor free"
-            assert not (b.node is not None and b.block_id in in_queue), f"{b} in tree and queue"
-        for h, b in self.cached.items():
-            assert b.block_hash == h, f"cache maps a hash to {b}, which holds another"
+def make_prefix_cache(kind: str, block_size: int, eviction: str = "lru") -> PrefixCache:
+    """The prefix cache named `kind` ("hash", "radix", or "off")."""
+    if kind == "hash":
+        return HashPrefixCache(block_size)
+    if kind == "radix":
+        return RadixPrefixCache(block_size, eviction)
+    if kind == "off":
+        return NoPrefixCache()
+    raise ValueError(f"prefix_cache must be 'hash' or 'radix', got {kind!r}")
 
 
 @dataclass
@@ -283,15 +54,16 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         prefix_cache: str = "hash",
+        eviction: str = "lru",
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
-        if prefix_cache not in ("hash", "radix"):
-            raise ValueError(f"prefix_cache must be 'hash' or 'radix', got {prefix_cache!r}")
+        cache = make_prefix_cache(prefix_cache, block_size, eviction)  # (checks the name)
+        if not enable_caching:
+            cache = NoPrefixCache()
         self.block_size = block_size
-        self.enable_caching = enable_caching
-        self.prefix_cache = prefix_cache if enable_caching else "none"
-        self.pool = BlockPool(num_blocks, enable_caching, block_size, radix=prefix_cache == "radix")
+        self.cache = cache
+        self.pool = BlockPool(num_blocks, cache)
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks already in the cache
         self.stats = PrefixCacheStats()
@@ -306,7 +78,18 @@ class KVCacheManager:
 
     @property
     def num_cached_free_blocks(self) -> int:
-        return self.pool.num_cached_free_blocks
+        """Free blocks that still hold a cached prefix (reusable on a hit, evictable)."""
+        return self.cache.num_cached_free
+
+    @property
+    def num_evictions(self) -> int:
+        """Cached blocks reused for other data, since start."""
+        return self.cache.num_evictions
+
+    @property
+    def block_hasher(self):
+        """What computes a request's block hashes, if the cache keys by them (else None)."""
+        return self.cache.block_hasher
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of a request: (blocks, number of tokens they hold).
@@ -318,15 +101,7 @@ class KVCacheManager:
         if not self._may_hit(request):
             return [], 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        if self.pool.tree is not None:
-            hits = self.pool.tree.match(request.all_token_ids, max_hit_blocks)
-            return hits, len(hits) * self.block_size
-        hits: list[KVBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
-            block = self.pool.lookup(block_hash)
-            if block is None:
-                break
-            hits.append(block)
+        hits = self.cache.match(request, max_hit_blocks)
         return hits, len(hits) * self.block_size
 
     def cached_prefix_len(self, request: Request) -> int:
@@ -334,20 +109,11 @@ class KVCacheManager:
         if not self._may_hit(request):
             return 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        if self.pool.tree is not None:
-            return (
-                len(self.pool.tree.match(request.all_token_ids, max_hit_blocks, touch=False))
-                * self.block_size
-            )
-        n = 0
-        for block_hash in request.block_hashes[:max_hit_blocks]:
-            if self.pool.lookup(block_hash) is None:
-                break
-            n += 1
-        return n * self.block_size
+        return len(self.cache.match(request, max_hit_blocks, touch=False)) * self.block_size
 
-    def _may_hit(self, request: Request) -> bool:
-        return self.enable_caching and request.sampling_params.prompt_logprobs is None
+    @staticmethod
+    def _may_hit(request: Request) -> bool:
+        return request.sampling_params.prompt_logprobs is None
 
     def allocate_slots(
         self,
@@ -389,22 +155,10 @@ class KVCacheManager:
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Enter the request's full blocks among its first `num_tokens` tokens in the prefix
         cache (their K/V is, or is being, written)."""
-        held = self.req_blocks.get(request.request_id, [])
-        total_tokens = num_tokens
-        if self.pool.tree is not None:
-            num_full = min(total_tokens, request.num_tokens) // self.block_size
-            if num_full > self.num_cached_blocks.get(request.request_id, 0):
-                self.pool.tree.insert(request.all_token_ids, held, num_full)
-                self.num_cached_blocks[request.request_id] = num_full
-        elif self.enable_caching:
-            # Blocks whose tokens are all known get their hash now. Their K/V is written by
-            # this step's forward before any attention reads it, so a hit in the same step
-            # (a sibling sample, say) is safe.
-            num_full = min(total_tokens // self.block_size, len(request.block_hashes))
-            start = self.num_cached_blocks.get(request.request_id, 0)
-            for i in range(start, num_full):
-                self.pool.cache_block(held[i], request.block_hashes[i])
-            self.num_cached_blocks[request.request_id] = max(start, num_full)
+        rid = request.request_id
+        start = self.num_cached_blocks.get(rid, 0)
+        named = self.cache.insert(request, self.req_blocks.get(rid, []), start, num_tokens)
+        self.num_cached_blocks[rid] = named
 
     def free(self, request: Request) -> None:
         """Release every block of a request, tail first, so shared trunks outlive leaves."""

@@ -19,9 +19,10 @@ import abc
 from collections import deque
 from collections.abc import Callable
 
+from cadence.config import SCHEDULING_POLICIES
 from cadence.core.request import Request
 
-POLICIES = ("fcfs", "priority", "lpm", "dfs-weight")
+POLICIES = SCHEDULING_POLICIES  # (named in config, which validates them)
 
 
 class SchedulingPolicy:

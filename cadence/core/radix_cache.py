@@ -17,10 +17,12 @@ So edge lengths are multiples of block_size and a child is keyed by its first bl
 Eviction and locking: a block with references (some running request uses it) is never
 evicted; since a request holds every block of its prefix, a referenced block's ancestors are
 referenced too, so the unreferenced blocks of the tree are exactly the tails of subtrees.
-`evict(n)` takes least recently used leaves and frees their blocks from the tail up, so
-shared trunks outlive their branches. Unreferenced tree blocks stay out of the pool's free
-queue; the pool counts them as free (`num_evictable`) and asks the tree for them when its
-free queue runs short.
+`evict(n)` takes leaves in the eviction policy's order (least recently used first, or
+least frequently used) and frees their blocks from the tail up, so shared trunks outlive
+their branches. Unreferenced tree blocks stay out of the pool's free queue; the pool counts
+them as free (`num_evictable`) and asks the cache for them when its free queue runs short.
+
+`RadixPrefixCache` is the tree behind the pool's `PrefixCache` interface.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from cadence.core.kv_cache import KVBlock
+from cadence.core.block import KVBlock
+from cadence.core.prefix_cache import PrefixCache
+from cadence.core.request import Request
 
 
 class RadixNode:
-    __slots__ = ("edge", "tokens", "blocks", "children", "parent", "last_access")
+    __slots__ = ("edge", "tokens", "blocks", "children", "parent", "last_access", "hits")
 
     def __init__(
         self, tokens: tuple[int, ...], blocks: list[KVBlock], parent: RadixNode | None, edge: tuple
@@ -45,7 +47,8 @@ class RadixNode:
         self.children: dict[tuple[int, ...], RadixNode] = {}  # keyed by a child's first block
         self.parent = parent
         self.edge = edge  # our key in parent.children
-        self.last_access = 0
+        self.last_access = 0  # the tree's clock at its last match or insert
+        self.hits = 0  # matches that reached it
 
     def __repr__(self) -> str:
         return (
@@ -53,10 +56,20 @@ class RadixNode:
         )
 
 
+# An eviction policy: a leaf's sort key; the smallest is evicted first.
+EvictionPolicy = Callable[[RadixNode], tuple]
+EVICTION_POLICIES: dict[str, EvictionPolicy] = {
+    "lru": lambda node: (node.last_access,),
+    "lfu": lambda node: (node.hits, node.last_access),
+}
+
+
 class RadixTree:
-    def __init__(self, block_size: int, release: Callable[[KVBlock], None]) -> None:
+    def __init__(
+        self, block_size: int, eviction: EvictionPolicy = EVICTION_POLICIES["lru"]
+    ) -> None:
         self.block_size = block_size
-        self.release = release  # hands an evicted block back to the pool's free queue
+        self.eviction = eviction
         self.root = RadixNode((), [], None, ())
         self.num_evictable = 0  # tree blocks with no references
         self.num_evictions = 0
@@ -80,6 +93,7 @@ class RadixTree:
             out.extend(child.blocks[:m])
             if touch:
                 child.last_access = now
+                child.hits += 1
             if m < len(child.blocks):
                 break
             node, i = child, i + m
@@ -140,6 +154,7 @@ class RadixTree:
         )
         rest.children = node.children
         rest.last_access = node.last_access
+        rest.hits = node.hits
         for c in rest.children.values():
             c.parent = rest
         for b in rest.blocks:
@@ -147,21 +162,22 @@ class RadixTree:
         node.tokens, node.blocks = node.tokens[: m * bs], node.blocks[:m]
         node.children = {rest.edge: rest}
 
-    def evict(self, num_blocks: int) -> int:
-        """Free up to num_blocks unreferenced blocks, least recently used leaves first."""
-        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.blocks[-1].ref_cnt == 0]
+    def evict(self, num_blocks: int) -> list[KVBlock]:
+        """Let go of up to num_blocks unreferenced blocks, leaves first, in the eviction
+        policy's order; returns them."""
+        key = self.eviction
+        heap = [(key(n), id(n), n) for n in self._leaves() if n.blocks[-1].ref_cnt == 0]
         heapq.heapify(heap)
-        evicted = 0
-        while evicted < num_blocks and heap:
+        evicted: list[KVBlock] = []
+        while len(evicted) < num_blocks and heap:
             _, _, node = heapq.heappop(heap)
-            while node.blocks and node.blocks[-1].ref_cnt == 0 and evicted < num_blocks:
+            while node.blocks and node.blocks[-1].ref_cnt == 0 and len(evicted) < num_blocks:
                 block = node.blocks.pop()
                 node.tokens = node.tokens[: -self.block_size]
                 block.node = None
                 self.num_evictable -= 1
                 self.num_evictions += 1
-                self.release(block)
-                evicted += 1
+                evicted.append(block)
             if not node.blocks:
                 parent = node.parent
                 del parent.children[node.edge]
@@ -170,7 +186,7 @@ class RadixTree:
                     and not parent.children
                     and parent.blocks[-1].ref_cnt == 0
                 ):
-                    heapq.heappush(heap, (parent.last_access, id(parent), parent))
+                    heapq.heappush(heap, (key(parent), id(parent), parent))
         return evicted
 
     def _leaves(self) -> list[RadixNode]:
@@ -191,13 +207,6 @@ class RadixTree:
             stack.extend(n.children.values())
         return out
 
-    def reset(self) -> None:
-        for n in self.nodes():
-            for b in n.blocks:
-                b.node = None
-        self.root.children.clear()
-        self.num_evictable = 0
-
     def check_integrity(self) -> None:
         unreferenced = 0
         for n in self.nodes():
@@ -213,3 +222,59 @@ class RadixTree:
             )
             unreferenced += sum(1 for r in refs if r == 0)
         assert unreferenced == self.num_evictable, (unreferenced, self.num_evictable)
+
+
+class RadixPrefixCache(PrefixCache):
+    kind = "radix"
+
+    def __init__(self, block_size: int, eviction: str = "lru") -> None:
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction policy must be one of {sorted(EVICTION_POLICIES)}")
+        self.block_size = block_size
+        self.tree = RadixTree(block_size, EVICTION_POLICIES[eviction])
+
+    @property
+    def num_evictable(self) -> int:
+        return self.tree.num_evictable
+
+    num_cached_free = num_evictable  # its free cached blocks are exactly those it holds
+
+    @property
+    def num_evictions(self) -> int:
+        return self.tree.num_evictions
+
+    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+        return self.tree.match(request.all_token_ids, max_blocks, touch)
+
+    def insert(
+        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+    ) -> int:
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        if num_full <= start:
+            return start
+        self.tree.insert(request.all_token_ids, blocks, num_full)
+        return num_full
+
+    def holds(self, block: KVBlock) -> bool:
+        return block.node is not None
+
+    def on_reference(self, block: KVBlock) -> bool:
+        if block.node is None:
+            return False
+        self.tree.num_evictable -= 1  # in the tree, not the queue
+        return True
+
+    def on_release(self, block: KVBlock) -> bool:
+        if block.node is None:
+            return False
+        self.tree.num_evictable += 1  # stays in the tree until evicted
+        return True
+
+    def evict(self, num_blocks: int) -> list[KVBlock]:
+        return self.tree.evict(num_blocks)
+
+    def reset(self) -> list[KVBlock]:
+        return self.tree.evict(self.tree.num_evictable)
+
+    def check_integrity(self, blocks: list[KVBlock], in_queue: set[int]) -> None:
+        self.tree.check_integrity()

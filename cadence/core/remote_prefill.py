@@ -43,6 +43,34 @@ def _transfer(req: Request) -> tuple[str, str]:
     return params["remote_addr"], params["transfer_id"]
 
 
+class NoRemotePrefills:
+    """An engine without --kv-role: nothing is loaded, staged or held (a null object, so
+    the scheduler never asks whether it serves disaggregated)."""
+
+    loading: dict = {}
+    transfers: dict = {}
+    num_held = 0
+    stats = None
+
+    def wants_load(self, req: Request) -> bool:
+        return False
+
+    def try_start(self, req: Request, hits: list[KVBlock], num_hit_tokens: int) -> bool | None:
+        return False
+
+    def collect(self) -> list[Request]:
+        return []
+
+    def holds(self, request_id: str) -> bool:
+        return False
+
+    def cancel(self, req: Request) -> bool:
+        return False
+
+    def on_finish(self, req: Request) -> None:
+        return None
+
+
 class RemotePrefills:
     def __init__(self, connector, kv: KVCacheManager) -> None:
         self.connector = connector

@@ -36,10 +36,12 @@ from collections.abc import Iterable
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
 from cadence.core.policies import make_policy
-from cadence.core.remote_prefill import RemotePrefills
+from cadence.core.remote_prefill import NoRemotePrefills, RemotePrefills
 from cadence.core.request import FINISH_REASONS, Request, RequestStatus
 from cadence.core.scheduler_output import (
+    NO_VERDICTS,
     CachedRequestData,
+    GrammarVerdicts,
     NewRequestData,
     RequestUpdate,
     SampledTokens,
@@ -57,10 +59,12 @@ class Scheduler:
         config: SchedulerConfig,
         kv_manager: KVCacheManager,
         num_lookahead_tokens: int = 0,
+        remote: RemotePrefills | NoRemotePrefills | None = None,
     ) -> None:
         """`num_lookahead_tokens`: KV slots each request gets past its scheduled tokens
         (speculative decoding: where the proposer writes its guesses' K/V); 0: none and no
-        speculation."""
+        speculation. `remote`: disaggregated serving's side of the scheduler
+        (remote_prefill.py); None: an engine that serves alone."""
         self.config = config
         self.kv = kv_manager
         self.num_lookahead_tokens = num_lookahead_tokens
@@ -73,8 +77,7 @@ class Scheduler:
         self._seen_by_worker: set[str] = set()
         self.policy = make_policy(config.scheduling_policy, config.scheduling_aging_steps)
         self.step_count = 0
-        # Disaggregated serving (remote_prefill.py): set by the engine with --kv-role.
-        self.remote: RemotePrefills | None = None
+        self.remote = remote if remote is not None else NoRemotePrefills()
 
     # ---- queue management -------------------------------------------------------------
 
@@ -94,7 +97,7 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished:
                 continue
-            if self.remote is not None and self.remote.holds(rid):
+            if self.remote.holds(rid):
                 if self.remote.cancel(req):  # loading: its blocks go when the load ends
                     req.status = status
                     del self.requests[rid]
@@ -111,7 +114,7 @@ class Scheduler:
         return aborted
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running or (self.remote and self.remote.transfers))
+        return bool(self.waiting or self.running or self.remote.transfers)
 
     @property
     def num_unfinished(self) -> int:
@@ -126,7 +129,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         new_blocks: dict[str, list[int]] = {}
         preempted: list[Request] = []
-        if self.remote is not None and self.remote.loading:
+        if self.remote.loading:
             self.waiting.extendleft(reversed(self.remote.collect()))
         self._order_waiting()
         priority_preempted = self._preempt_for_priority() if self.policy.preemptive else []
@@ -172,7 +175,7 @@ class Scheduler:
             hits, num_hit_tokens = [], 0
             if req.num_computed_tokens == 0:
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
-                if self.remote is not None and self.remote.wants_load(req):
+                if self.remote.wants_load(req):
                     started = self.remote.try_start(req, hits, num_hit_tokens)
                     if started is None:
                         break  # no room for its blocks: FCFS waits
@@ -313,8 +316,15 @@ class Scheduler:
             "preempted %s (%s): %d tokens will be recomputed", req.request_id, reason, recompute
         )
 
-    def update(self, sched: SchedulerOutput, result: SampledTokens) -> list[RequestUpdate]:
-        """Advance computed counts, append sampled tokens, finish what must finish."""
+    def update(
+        self,
+        sched: SchedulerOutput,
+        result: SampledTokens,
+        grammar: GrammarVerdicts | None = None,
+    ) -> list[RequestUpdate]:
+        """Advance computed counts, append sampled tokens, finish what must finish.
+        `grammar`: what the structured-output grammars said of those tokens."""
+        grammar = grammar or NO_VERDICTS
         updates: list[RequestUpdate] = []
         async_mode = self.config.async_scheduling
         for rid, num in sched.num_scheduled_tokens.items():
@@ -350,10 +360,11 @@ class Scheduler:
                     break
             lps = result.logprobs.get(rid)
             if status is None:
-                req.spec_token_ids = result.proposals.get(rid, [])
-            if status is None and rid in result.grammar_done:
+                proposals = grammar.proposals if rid in grammar.proposals else result.proposals
+                req.spec_token_ids = proposals.get(rid, [])
+            if status is None and rid in grammar.done:
                 status = RequestStatus.FINISHED_STOPPED  # the grammar matched in full
-            for forced in result.forced.get(rid, ()) if status is None else ():
+            for forced in grammar.forced.get(rid, ()) if status is None else ():
                 req.append_output_token(forced, sampled=False)
                 new_tokens.append(forced)
                 status = self._check_stop(req, forced)
@@ -402,7 +413,7 @@ class Scheduler:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status
-        if self.remote is not None and status != RequestStatus.FINISHED_ABORTED:
+        if status != RequestStatus.FINISHED_ABORTED:
             self.remote.on_finish(req)  # a prefill engine stages the prompt's K/V
         self.kv.free(req)
         del self.requests[req.request_id]
@@ -415,7 +426,7 @@ class Scheduler:
             preempted = sum(r.status == RequestStatus.PREEMPTED for r in self.waiting)
         return SchedulerStats(
             num_running=len(self.running),
-            num_waiting=len(self.waiting) + (self.remote.num_held if self.remote else 0),
+            num_waiting=len(self.waiting) + self.remote.num_held,
             num_preempted=preempted,
             kv_blocks_cached=self.kv.num_cached_free_blocks,
             kv_usage=self.kv.usage,
@@ -424,7 +435,7 @@ class Scheduler:
             prefix_hits=self.kv.stats.hits,
             prefix_requests=self.kv.stats.requests,
             prefix_hit_requests=self.kv.stats.hit_requests,
-            prefix_evictions=self.kv.pool.num_evictions,
+            prefix_evictions=self.kv.num_evictions,
             spec=self.spec_stats,
-            kv_transfer=self.remote.stats if self.remote else None,
+            kv_transfer=self.remote.stats,
         )

@@ -69,9 +69,7 @@ class SchedulerOutput:
 @dataclass
 class SampledTokens:
     """What the worker returns for one step: a token per request that reached its end.
-
-    The engine core adds what the grammars said: tokens forced after the sampled one
-    (jump-forward), and requests whose grammar is complete (they stop)."""
+    Only the worker writes it (GrammarVerdicts carries what the grammars add)."""
 
     sampled: dict[str, int] = field(default_factory=dict)
     # Speculative decoding: request id -> its draft tokens the target accepted; they come
@@ -82,12 +80,25 @@ class SampledTokens:
     # request id -> per new token (accepted drafts, then the sampled one): (its logprob,
     # [(token id, logprob)] of the top N)
     logprobs: dict[str, list[tuple[float, list[tuple[int, float]]]]] = field(default_factory=dict)
-    forced: dict[str, list[int]] = field(default_factory=dict)
-    grammar_done: set[str] = field(default_factory=set)
     # request id -> one entry per prompt token (None for the first), with its first token
     prompt_logprobs: dict[str, list[tuple[float, list[tuple[int, float]]] | None]] = field(
         default_factory=dict
     )
+
+
+@dataclass(frozen=True)
+class GrammarVerdicts:
+    """What the structured-output grammars said of one step's tokens (cadence/structured/
+    gate.py writes it, the scheduler reads it)."""
+
+    # request id -> tokens the grammar forces after its new ones (jump-forward)
+    forced: dict[str, list[int]] = field(default_factory=dict)
+    done: frozenset[str] | set[str] = frozenset()  # grammar complete: the request stops
+    # request id -> its proposed drafts cut to what the grammar allows (replace the worker's)
+    proposals: dict[str, list[int]] = field(default_factory=dict)
+
+
+NO_VERDICTS = GrammarVerdicts()
 
 
 class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -3,13 +3,17 @@
     step():
         sched   = scheduler.schedule()        who runs, how many tokens, which blocks
         out     = runner.execute_model(sched) the forward pass (queued, on a GPU)
-        masks   = grammars.fill_bitmask(...)  structured outputs, on the CPU meanwhile
+        masks   = gate.fill_bitmask(...)      structured outputs, on the CPU meanwhile
         sampled = runner.sample(out, masks)
-        grammars.advance(...)                 accept tokens; forced tokens (jump-forward)
-        updates = scheduler.update(sched, sampled)   append tokens, stop, free
+        verdicts = gate.advance(...)          accept tokens; forced tokens (jump-forward)
+        updates = scheduler.update(sched, sampled, verdicts)   append, stop, free
 
-A request with structured outputs waits outside the scheduler until its grammar compiled
-(on a worker thread), so a slow schema delays only its own request.
+The core keeps the loop; its parts come in at construction, each behind its seam: the
+executor (the model's ranks), the KV manager (blocks and the prefix cache), the scheduler
+(with disaggregated serving's side of it, a null object when the engine serves alone), the
+grammar gate (structured outputs: requests wait there while their grammar compiles, so a
+slow schema delays only its own request) and the K/V connector (a null object without
+--kv-role).
 
 The offline `LLM` drives this class in-process; the server runs it in its own process
 behind a ZMQ socket. Requests arrive as token ids; text never reaches the core.
@@ -20,17 +24,20 @@ from __future__ import annotations
 import logging
 import time
 
-from cadence.config import DEFAULT_BATCHED_TOKENS, EngineConfig
-from cadence.core.kv_cache import KVCacheManager, make_block_hasher
+from cadence.config import EngineConfig
+from cadence.core.kv_cache import KVCacheManager
+from cadence.core.remote_prefill import RemotePrefills
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
 from cadence.engine import step_timeline as tl
 from cadence.executor import make_executor
+from cadence.kv_transfer import make_connector
 from cadence.kv_transfer.params import check_kv_transfer_params, prefill_addrs
+from cadence.platform import device_type
 from cadence.sampling_params import SamplingParams
+from cadence.structured.gate import GrammarGate
 from cadence.structured.manager import GrammarManager
-from cadence.worker.model_runner import pick_device
 
 logger = logging.getLogger(__name__)
 
@@ -39,19 +46,8 @@ class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         t0 = time.perf_counter()
         config.validate()
+        config.fill_defaults(device_type(config.device))
         self.config = config
-        device = pick_device(config.device).type
-        if config.scheduler.max_num_batched_tokens is None:
-            config.scheduler.max_num_batched_tokens = DEFAULT_BATCHED_TOKENS.get(device, 2048)
-        if config.scheduler.async_scheduling is None:
-            # On a GPU the host prepares step N+1 while the device runs step N (H200,
-            # Llama-8B: +5 % at batch 1, +13 % at batch 64). A CPU computes the forward on
-            # the calling thread, so there is nothing to overlap.
-            config.scheduler.async_scheduling = device == "cuda"
-        if config.speculative is not None and config.scheduler.async_scheduling:
-            # The next step's drafts depend on how many of this step's were accepted.
-            logger.info("speculative decoding runs synchronous steps (no async scheduling)")
-            config.scheduler.async_scheduling = False
         # The model's ranks behind one interface (one rank in this process, or tensor
         # parallel ranks elsewhere too); `runner` is the name the loop reads it by.
         self.runner = make_executor(config)
@@ -73,18 +69,15 @@ class EngineCore:
             cache.block_size,
             cache.enable_prefix_caching,
             cache.prefix_cache,
+            cache.radix_eviction_policy,
         )
-        self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens)
-        self.kv_connector = None  # disaggregated serving: moves prompt K/V between engines
+        # Disaggregated serving: moves prompt K/V between engines (a null object without
+        # --kv-role); the scheduler's side of it is built with the scheduler.
+        self.kv_connector = make_connector(config, self.runner.kv_caches)
+        remote = RemotePrefills(self.kv_connector, self.kv) if self.kv_connector.role else None
+        self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens, remote)
         self._prefill_addrs = prefill_addrs(config.kv_prefill_addrs)
-        if config.kv_role is not None:
-            from cadence.core.remote_prefill import RemotePrefills
-            from cadence.kv_transfer import make_connector
-
-            self.kv_connector = make_connector(config, self.runner.kv_caches)
-            self.scheduler.remote = RemotePrefills(self.kv_connector, self.kv)
-        hashed = cache.enable_prefix_caching and cache.prefix_cache == "hash"
-        self._hasher = make_block_hasher(cache.block_size) if hashed else None
+        self._hasher = self.kv.block_hasher
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
         sc = config.structured
@@ -98,10 +91,9 @@ class EngineCore:
             sc.grammar_compile_threads,
             sc.grammar_compile_timeout,
         )
-        self._awaiting_grammar: dict[str, Request] = {}
+        self.gate = GrammarGate(self.grammars, sc)
         # Async scheduling: the last step's (schedule, launched sampling), read next step.
         self._in_flight = None
-        self._failed: list[tuple[str, str]] = []  # (request id, why): grammars that failed
         # Schedules the step under way touched (its own, and the one it read back): if it
         # raises, their requests are the failed step's (fail_step).
         self._touched: list = []
@@ -154,30 +146,27 @@ class EngineCore:
             self._hasher,
         )
         if params.structured_outputs is not None:
-            if request_id in self.scheduler.requests or request_id in self._awaiting_grammar:
+            if request_id in self.scheduler.requests or request_id in self.gate.awaiting:
                 raise ValueError(f"request id {request_id!r} is already in use")
-            self._awaiting_grammar[request_id] = req
-            self.grammars.submit(request_id, params.structured_outputs)
+            self.gate.hold(req)
         else:
             self.scheduler.add_request(req)
         return req
 
     def abort(self, request_ids: list[str]) -> None:
         for rid in request_ids:
-            if self._awaiting_grammar.pop(rid, None) is not None:
-                self.grammars.remove(rid)
-        for req in self.scheduler.abort_requests(request_ids):
-            self.grammars.remove(req.request_id)
+            self.gate.drop(rid)
+        self.scheduler.abort_requests(request_ids)
 
     def finish(self, request_ids: list[str]) -> None:
         """End requests as stopped (the output processor saw a stop string)."""
         for req in self.scheduler.abort_requests(request_ids, RequestStatus.FINISHED_STOPPED):
-            self.grammars.remove(req.request_id)
+            self.gate.drop(req.request_id)
 
     def has_unfinished_requests(self) -> bool:
         return (
             self.scheduler.has_unfinished_requests()
-            or bool(self._awaiting_grammar)
+            or bool(self.gate.awaiting)
             or self._in_flight is not None
         )
 
@@ -189,8 +178,7 @@ class EngineCore:
     def take_failed(self) -> list[tuple[str, str]]:
         """(request id, error) of requests dropped since the last call: their grammar did
         not compile. They produce no RequestUpdate."""
-        failed, self._failed = self._failed, []
-        return failed
+        return self.gate.take_failed()
 
     def step(self) -> list[RequestUpdate]:
         """One step. If it raises, call fail_step() before the next one."""
@@ -228,11 +216,9 @@ class EngineCore:
         victims.update(r.request_id for r in self.scheduler.running)
         victims.update(r.request_id for r in self.scheduler.waiting if r.num_placeholders)
         victims.update(rid for rid, blocks in self.kv.req_blocks.items() if blocks)
-        self.abort(sorted(victims))
-        for rid in victims:
-            self.grammars.remove(rid)  # also those the broken step finished
+        self.abort(sorted(victims))  # (also drops the grammars of those it finished)
         known = self.scheduler.requests
-        self._stale_in_runner = [rid for rid in self.runner.requests if rid not in known]
+        self._stale_in_runner = [rid for rid in self.runner.request_ids() if rid not in known]
         if not self.kv.reset_prefix_cache():
             raise RuntimeError("KV blocks are still held after ending the failed step's requests")
         logger.warning(
@@ -247,7 +233,7 @@ class EngineCore:
             # Jump-forward needs each step's tokens before the next is scheduled: while
             # constrained requests want it, steps run synchronously (after reading back
             # the step in flight).
-            if not self._wants_jump_forward():
+            if not self.gate.wants_jump_forward(self.scheduler.requests):
                 return self._step_async()
             if self._in_flight is not None:
                 return self._drain(jump=True)  # nothing launched after it: may jump
@@ -259,14 +245,14 @@ class EngineCore:
         timeline.lap(tl.PREPARE, model_out.forward_start)
         timeline.lap(tl.FORWARD)
         # Filled while the device runs the forward pass (CUDA kernels are queued).
-        bitmask = None
-        if self.grammars.matchers:
-            bitmask = self.grammars.fill_bitmask(model_out.sample_ids, model_out.drafts)
+        bitmask = verdicts = None
+        if self.gate.active:
+            bitmask = self.gate.fill_bitmask(model_out.sample_ids, model_out.drafts)
         sampled = self.runner.sample(model_out, bitmask)
         timeline.lap(tl.SAMPLE)
         if bitmask is not None:
-            self._advance_grammars(sampled)
-        updates = self.scheduler.update(sched, sampled)
+            verdicts = self.gate.advance(sampled, self.scheduler.requests)
+        updates = self.scheduler.update(sched, sampled, verdicts)
         timeline.lap(tl.OUTPUT)
         timeline.commit(sched)
         if self.config.check_kv_integrity:
@@ -296,24 +282,14 @@ class EngineCore:
         updates = self._drain() if self._in_flight is not None else []
         if model_out.sample_ids:
             bitmask = None
-            if self.grammars.matchers:
-                bitmask = self.grammars.fill_bitmask(model_out.sample_ids)
+            if self.gate.active:
+                bitmask = self.gate.fill_bitmask(model_out.sample_ids)
             self._in_flight = (sched, self.runner.sample_async(model_out, bitmask))
             timeline.lap(tl.SAMPLE)
         timeline.commit(sched)
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
-
-    def _wants_jump_forward(self) -> bool:
-        """A running constrained request could take forced tokens (no logprobs wanted)."""
-        if not (self.grammars.matchers and self.config.structured.jump_forward):
-            return False
-        requests = self.scheduler.requests
-        return any(
-            rid in requests and requests[rid].sampling_params.logprobs is None
-            for rid in self.grammars.matchers
-        )
 
     def _drain(self, jump: bool = False) -> list[RequestUpdate]:
         """Read back the step in flight and update; launch nothing. `jump`: forced tokens
@@ -323,75 +299,33 @@ class EngineCore:
         self._touched.append(prev_sched)
         sampled = self.runner.resolve(pending)
         self.timeline.lap(tl.SAMPLE)
-        if self.grammars.matchers:
-            self._advance_grammars(sampled, jump=jump)
-        updates = self.scheduler.update(prev_sched, sampled)
+        verdicts = None
+        if self.gate.active:
+            verdicts = self.gate.advance(sampled, self.scheduler.requests, jump)
+        updates = self.scheduler.update(prev_sched, sampled, verdicts)
         self.timeline.lap(tl.OUTPUT)
         return updates
 
     def _schedule(self):
         """Admit requests whose grammar compiled, schedule, drop finished matchers."""
-        if self._awaiting_grammar:
-            self._admit_compiled()
+        self.gate.admit(self.scheduler)
         sched = self.scheduler.schedule()
-        remote = self.scheduler.remote
-        if sched.is_empty and self._in_flight is None and remote is not None and remote.loading:
+        if sched.is_empty and self._in_flight is None and self.scheduler.remote.loading:
             time.sleep(0.0005)  # only K/V loads pending: let the loader run, do not spin
         if self._stale_in_runner:  # left behind by a failed step (fail_step)
             sched.finished_ids.extend(self._stale_in_runner)
             self._stale_in_runner = []
         for rid in sched.finished_ids:
-            self.grammars.remove(rid)
+            self.gate.drop(rid)
         self._touched.append(sched)
         return sched
 
-    def _admit_compiled(self) -> None:
-        """Move requests whose grammar is ready into the scheduler. With nothing else to
-        run, wait briefly for a compile instead of spinning."""
-        idle = not self.scheduler.has_unfinished_requests()
-        ready, failed = self.grammars.poll(timeout=0.01 if idle else 0.0)
-        for rid in ready:
-            self.scheduler.add_request(self._awaiting_grammar.pop(rid))
-        for rid, why in failed:
-            self._awaiting_grammar.pop(rid, None)
-            self._failed.append((rid, why))
-
-    def _advance_grammars(self, sampled, jump: bool = True) -> None:
-        """Walk each constrained request's grammar over its new tokens (accepted drafts,
-        then the sampled one); forced tokens may follow. Its next drafts are cut to what
-        the grammar allows from there."""
-        jump = jump and self.config.structured.jump_forward
-        for rid, token in sampled.sampled.items():
-            req = self.scheduler.requests.get(rid)
-            if req is None or rid not in self.grammars.matchers:
-                continue
-            params = req.sampling_params
-            done, forced = False, []
-            new_tokens = [*sampled.accepted_drafts.get(rid, ()), token]
-            for i, t in enumerate(new_tokens, 1):
-                # Forced tokens follow the last new token only, and have no logprobs of
-                # their own: no jump when logprobs are wanted.
-                may_jump = jump and params.logprobs is None and i == len(new_tokens)
-                done, forced = self.grammars.advance(rid, t, may_jump)
-                if done:
-                    break
-            if done:
-                sampled.grammar_done.add(rid)
-            elif forced:
-                sampled.forced[rid] = forced
-            if rid in sampled.proposals:
-                sampled.proposals[rid] = self.grammars.allowed_prefix(
-                    rid, sampled.proposals[rid], jump and params.logprobs is None
-                )
-
     def shutdown(self) -> None:
         """Stop the model's other ranks (tensor parallelism) and the K/V connector."""
-        if self.kv_connector is not None:
-            self.kv_connector.close()
-            self.kv_connector = None
+        self.kv_connector.close()
         self.runner.shutdown()
 
     def stats(self) -> SchedulerStats:
         stats = self.scheduler.stats()
-        stats.num_waiting += len(self._awaiting_grammar)  # waiting for their grammar
+        stats.num_waiting += len(self.gate.awaiting)  # waiting for their grammar
         return stats

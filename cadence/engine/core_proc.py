@@ -153,7 +153,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
         list(core.eos_token_ids),
         runner.num_blocks,
         config.cache.block_size,
-        core.kv_connector.addr if core.kv_connector is not None else "",
+        core.kv_connector.addr,
     )
     send_or_exit(outbox, P.encoder.encode(ready))
     try:

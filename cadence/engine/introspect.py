@@ -79,7 +79,7 @@ class Introspection:
         """The requests the core holds, oldest first (at most `limit` of them)."""
         core = self.core
         now = time.time()
-        rows = [_row(r, "grammar", now) for r in core._awaiting_grammar.values()]
+        rows = [_row(r, "grammar", now) for r in core.gate.awaiting.values()]
         rows += [_row(r, _STATES.get(r.status, r.status.name.lower()), now) for r in _held(core)]
         rows.sort(key=lambda row: row["arrival_time"])
         return {"total": len(rows), "requests": rows[: max(0, int(limit))]}

@@ -10,6 +10,10 @@ Rank 0 always runs in the caller's process (`driver`): it holds the logits, samp
 is what the core reads results from, so one rank adds no hop. Executors differ only in
 where the other ranks live: nowhere (`uniproc`), processes of this host (`mp`), or Ray
 actors anywhere in a Ray cluster (`ray`). The scheduler does not know which one runs.
+
+This class is the whole contract: the engine calls only what is spelled out here.
+`driver` (rank 0's ModelRunner) is there for benchmarks, tools and tests that inspect the
+model; the engine never reaches through it.
 """
 
 from __future__ import annotations
@@ -17,24 +21,28 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+from cadence.config import EngineConfig
 from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
+from cadence.worker.drafter import DrafterFactory
 
 if TYPE_CHECKING:
     import torch
 
-    from cadence.worker.model_runner import ModelOutput, ModelRunner, PendingSample
+    from cadence.worker.model_runner import ModelRunner
+    from cadence.worker.step_state import ModelOutput, PendingSample
+
+
+def drafter_factory(config: EngineConfig) -> DrafterFactory | None:
+    """What every rank's runner builds its drafter with (speculative decoding), or None."""
+    if config.speculative is None:
+        return None
+    from cadence.spec_decode.decoder import drafter_factory as spec_factory
+
+    return spec_factory(config.speculative)
 
 
 class Executor(ABC):
-    driver: ModelRunner
-
-    def __getattr__(self, name: str):
-        """Anything else (dtype, device, model, backend, graphs, ...) is rank 0's runner's:
-        for benchmarks, tools and tests that inspect the model. The core uses only what
-        is spelled out below."""
-        if name == "driver":  # not built yet (or failed to be)
-            raise AttributeError(name)
-        return getattr(self.driver, name)
+    driver: ModelRunner  # rank 0's runner, in this process (inspection only, see above)
 
     # ---- what the core reads about the model (rank 0's view) ---------------------------
 
@@ -59,8 +67,13 @@ class Executor(ABC):
         return self.driver.model_path
 
     @property
-    def requests(self) -> dict:
-        return self.driver.requests
+    def kv_caches(self) -> list[torch.Tensor]:
+        """Rank 0's K/V tensors, one per attention layer (a K/V connector moves them)."""
+        return self.driver.kv_caches
+
+    def request_ids(self) -> list[str]:
+        """The requests whose rows the runners hold (a failed step leaves some behind)."""
+        return list(self.driver.requests)
 
     @property
     def recoverable(self) -> bool:

@@ -29,13 +29,14 @@ from cadence.config import EngineConfig
 from cadence.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
 from cadence.distributed.rendezvous import listen_socket
 from cadence.executor import step_messages as M
-from cadence.executor.base import Executor
+from cadence.executor.base import Executor, drafter_factory
 from cadence.executor.step_channel import StepChannel
 from cadence.executor.worker import WorkerSpec
 from cadence.layers.linear import check_shardable
 from cadence.loader.gguf import ensure_float_weights
 from cadence.loader.loader import load_hf_config, resolve_model_path
-from cadence.worker.model_runner import ModelRunner, pick_device
+from cadence.platform import pick_device
+from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class DistributedExecutor(Executor):
         threading.Thread(target=self._watch, name="cadence-rank-watchdog", daemon=True).start()
         with self._call():
             init_tensor_parallel(0, self.size, self._driver_device(), init_method, host, listen)
-            self.driver = ModelRunner(config, model_path)
+            self.driver = ModelRunner(config, model_path, drafter_factory(config))
         self.channel.wait_ready(READY_TIMEOUT_S, self._check_alive)
 
     # ---- what subclasses provide -------------------------------------------------------

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from cadence.config import EngineConfig
-from cadence.executor.base import Executor
+from cadence.executor.base import Executor, drafter_factory
 from cadence.worker.model_runner import ModelRunner
 
 
 class UniprocExecutor(Executor):
     def __init__(self, config: EngineConfig) -> None:
-        self.driver = ModelRunner(config)
+        self.driver = ModelRunner(config, drafter_factory=drafter_factory(config))
 
     # Looked up on the runner at each call (not bound once), so a test or the fault hook
     # that wraps the runner's method is obeyed.

@@ -31,6 +31,7 @@ import zmq
 from cadence.channel_auth import CurveKeys, make_client
 from cadence.config import EngineConfig
 from cadence.executor import step_messages as M
+from cadence.executor.base import drafter_factory
 
 logger = logging.getLogger("cadence.worker")
 
@@ -76,7 +77,7 @@ def run_worker(spec: WorkerSpec) -> int:
         else:  # the host's cores, shared between the ranks
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         init_tensor_parallel(spec.rank, spec.size, device, spec.init_method, spec.bind_address)
-        runner = ModelRunner(spec.config, spec.model_path)
+        runner = ModelRunner(spec.config, spec.model_path, drafter_factory(spec.config))
         control.send(M.encode(M.Ready(spec.rank)))
         pending = deque()
         while True:

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 
 class SiluAndMul(nn.Module):
@@ -14,7 +14,7 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
-            from cadence.layers import fused  # one Triton kernel instead of three
+            from cadence.ops import fused  # one Triton kernel instead of three
 
             return fused.silu_and_mul(x)
         if x.dim() == 2 and (ops := cpu_ops.usable(x)) is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 
 class RMSNorm(nn.Module):
@@ -26,7 +26,7 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """norm(x), or with a residual: (norm(x + residual), x + residual)."""
         if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
-            from cadence.layers import fused  # one Triton kernel instead of ~7 launches
+            from cadence.ops import fused  # one Triton kernel instead of ~7 launches
 
             if residual is None:
                 return fused.rms_norm(x, self.weight, self.eps)

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 
 def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -85,7 +85,7 @@ def apply_rotary(
     cos, sin = cos_sin
     half = q.shape[-1] // 2
     if q.is_cuda and q.stride(-1) == 1 and k.stride(-1) == 1 and half & (half - 1) == 0:
-        from cadence.layers import fused
+        from cadence.ops import fused
 
         fused.rotary_(q, k, cos, sin)
         return q, k

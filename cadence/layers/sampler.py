@@ -129,7 +129,7 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
     """The first index of each row's maximum; on CUDA a two-stage Triton kernel, since
     torch's one-block-per-row reduction takes ~35 us on a single 128k-entry row."""
     if x.is_cuda:
-        from cadence.layers.fused import argmax_rows
+        from cadence.ops.fused import argmax_rows
 
         return argmax_rows(x)
     if x.dtype in (torch.bfloat16, torch.float16):

@@ -128,7 +128,7 @@ class DecoderLayer(nn.Module):
 
 
 def _batch1_gemv(x: torch.Tensor, linear: nn.Module, projection: str):
-    """cadence.layers.gemv when this projection takes its fused Triton kernels: a single
+    """cadence.ops.gemv when this projection takes its fused Triton kernels: a single
     row (batch-1 decode) of 16-bit activations on CUDA, a plain weight of their dtype (not
     a quantized one), and a projection in its FUSED_PROJECTIONS. None otherwise (the
     layer's own matmul and the separate elementwise kernels)."""
@@ -141,7 +141,7 @@ def _batch1_gemv(x: torch.Tensor, linear: nn.Module, projection: str):
         or not (weight.is_contiguous() and x.is_contiguous())
     ):
         return None
-    from cadence.layers import gemv
+    from cadence.ops import gemv
 
     return gemv if projection in gemv.FUSED_PROJECTIONS else None
 

@@ -23,7 +23,7 @@ import functools
 
 import torch
 
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 from cadence.quant.gguf_blocks import Planes
 
 GROUPS = (32, 64, 128, 256)

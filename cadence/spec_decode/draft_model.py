@@ -17,7 +17,6 @@ Rejected guesses leave K/V past the request's valid end; the next catch-up overw
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,36 +26,35 @@ from cadence.loader.loader import load_hf_config, load_model, resolve_model_path
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
-
-if TYPE_CHECKING:
-    from cadence.worker.model_runner import ModelRunner
+from cadence.worker.block_tables import BlockTables
+from cadence.worker.drafter import TargetView
 
 logger = logging.getLogger(__name__)
 
 
 class DraftModelProposer(ModelProposer):
-    def __init__(self, k: int, model: str, runner: ModelRunner) -> None:
-        super().__init__(k, runner)
+    def __init__(self, k: int, model: str, target: TargetView) -> None:
+        super().__init__(k, target)
         path = resolve_model_path(model)
         hf_config = load_hf_config(path)
         draft_vocab = int(hf_config.vocab_size)
-        if draft_vocab > runner.vocab_size:
+        if draft_vocab > target.vocab_size:
             raise ValueError(
                 f"the draft model's vocabulary ({draft_vocab}) is larger than the target's "
-                f"({runner.vocab_size}): it must share the target's tokenizer"
+                f"({target.vocab_size}): it must share the target's tokenizer"
             )
         self.backend = make_attention_backend(
-            runner.config.attention_backend, runner.device, hf_config
+            target.config.attention_backend, target.device, hf_config
         )
-        mc = runner.config.model
+        mc = target.config.model
         # Its guesses run up to k positions past the target's context.
         self.model = load_model(
             path,
             hf_config,
-            runner.dtype,
-            runner.device,
+            target.dtype,
+            target.device,
             self.backend,
-            runner.max_model_len + k,
+            target.max_model_len + k,
             mc.load_format,
             mc.seed,
         )
@@ -64,12 +62,12 @@ class DraftModelProposer(ModelProposer):
         logger.info("draft model %s: %d layers", path, hf_config.num_hidden_layers)
 
     def capture_graphs(self) -> None:
-        if hasattr(self.backend, "decode_plan"):
+        if self.backend.capabilities.decode_graphs:
             self.capture_step_graphs(self.backend, self.model, self.model, "draft model")
 
     @torch.inference_mode()
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
-        r = self.runner
+        r, tables = self.target, step.tables
         dev, bs = r.device, r.block_size
         ids: list[int] = []
         rows, starts, qlens = [], [], []
@@ -85,8 +83,8 @@ class DraftModelProposer(ModelProposer):
             if step.sampled[i] and max_drafts[i] > 0:
                 last_rows.append(len(ids) - 1)
                 proposing.append(i)
-        lay = layout(rows, starts, qlens, r.tables, bs)
-        hidden = self._catch_up(lay, ids)
+        lay = layout(rows, starts, qlens, tables, bs)
+        hidden = self._catch_up(lay, ids, tables)
         if not proposing:
             return [[] for _ in step.token_ids]
         last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
@@ -95,29 +93,31 @@ class DraftModelProposer(ModelProposer):
         prop_rows = lay.rows[proposing]
         positions = np.array([step.valid_ends[i] + 1 for i in proposing], dtype=np.int64)
         for _ in range(max(max_drafts[i] for i in proposing) - 1):
-            token = self._decode(token, prop_rows, positions)
+            token = self._decode(token, prop_rows, positions, tables)
             guesses.append(token)
             positions = positions + 1
         return self.read_back(guesses, proposing, max_drafts, len(step.token_ids))
 
-    def _catch_up(self, lay: StepLayout, ids: list[int]) -> torch.Tensor:
+    def _catch_up(self, lay: StepLayout, ids: list[int], tables: BlockTables) -> torch.Tensor:
         """The draft's forward over the step's kept positions (writes its K/V)."""
-        r = self.runner
+        r = self.target
         size = self.mixed.size_for(lay.query_lens, lay.seq_lens) if self.mixed else None
         if size is not None:
             tokens = np.stack([np.array(ids, dtype=np.int64), lay.positions, lay.slots])
-            width = int(r.tables.num_blocks[lay.rows].max())
+            width = int(tables.num_blocks[lay.rows].max())
             return self.mixed.run(
-                size, tokens, lay.query_lens, lay.seq_lens, lay.rows, r.tables, width
+                size, tokens, lay.query_lens, lay.seq_lens, lay.rows, tables, width
             )
-        ids_d, pos_d, meta = eager_inputs(lay, ids, r.tables, self.backend, r.device, r.block_size)
+        ids_d, pos_d, meta = eager_inputs(lay, ids, tables, self.backend, r.device, r.block_size)
         return self.model(ids_d, pos_d, meta)
 
-    def _decode(self, token: torch.Tensor, rows: np.ndarray, positions: np.ndarray):
+    def _decode(
+        self, token: torch.Tensor, rows: np.ndarray, positions: np.ndarray, tables: BlockTables
+    ):
         """One greedy step of the draft: `token` (on the device) at `positions`."""
-        r = self.runner
+        r = self.target
         bs = r.block_size
-        lay = layout(rows, positions, np.ones_like(positions), r.tables, bs)
+        lay = layout(rows, positions, np.ones_like(positions), tables, bs)
         n = len(rows)
         size = self.graphs.size_for(n) if self.graphs is not None else None
         if size is not None:
@@ -125,9 +125,9 @@ class DraftModelProposer(ModelProposer):
             inputs = np.stack(
                 [np.zeros(n, dtype=np.int64), positions, lay.slots, lay.seq_lens, rows]
             )
-            width = int(r.tables.num_blocks[rows].max())
-            hidden = self.graphs.run(size, inputs, r.tables, width, fill)
+            width = int(tables.num_blocks[rows].max())
+            hidden = self.graphs.run(size, inputs, tables, width, fill)
         else:
-            _, pos_d, meta = eager_inputs(lay, np.zeros(n), r.tables, self.backend, r.device, bs)
+            _, pos_d, meta = eager_inputs(lay, np.zeros(n), tables, self.backend, r.device, bs)
             hidden = self.model(token, pos_d, meta)
         return _argmax(self.model.compute_logits(hidden))

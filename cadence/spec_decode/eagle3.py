@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -40,10 +39,9 @@ from cadence.models.llama import MLP, Attention
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
+from cadence.worker.block_tables import BlockTables
+from cadence.worker.drafter import TargetView
 from cadence.worker.mixed_graphs import BUCKETS
-
-if TYPE_CHECKING:
-    from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -184,39 +182,39 @@ class _GraphedStep(nn.Module):
 class Eagle3Proposer(ModelProposer):
     needs_aux_hidden = True
 
-    def __init__(self, k: int, model: str, runner: ModelRunner) -> None:
-        super().__init__(k, runner)
+    def __init__(self, k: int, model: str, target: TargetView) -> None:
+        super().__init__(k, target)
         path = resolve_model_path(model)
         config = load_hf_config(path)
         with open(os.path.join(path, "config.json")) as f:
             raw = json.load(f)
-        target = runner.hf_config
-        self.aux_layer_ids = aux_layer_ids(raw.get("eagle_config"), target.num_hidden_layers)
+        target_hf = target.hf_config
+        self.aux_layer_ids = aux_layer_ids(raw.get("eagle_config"), target_hf.num_hidden_layers)
         self.backend = make_attention_backend(
-            runner.config.attention_backend, runner.device, config
+            target.config.attention_backend, target.device, config
         )
         prev = torch.get_default_dtype()
-        torch.set_default_dtype(runner.dtype)
+        torch.set_default_dtype(target.dtype)
         try:
-            with torch.device(runner.device):
+            with torch.device(target.device):
                 self.head = Eagle3Head(
                     config,
                     self.backend,
-                    runner.max_model_len + k,
-                    int(raw.get("target_hidden_size") or target.hidden_size),
-                    runner.vocab_size,
+                    target.max_model_len + k,
+                    int(raw.get("target_hidden_size") or target_hf.hidden_size),
+                    target.vocab_size,
                 )
         finally:
             torch.set_default_dtype(prev)
         self.head.rotary.cos = self.head.rotary.cos.float()
         self.head.rotary.sin = self.head.rotary.sin.float()
-        if runner.config.model.load_format == "dummy":
-            gen = torch.Generator(device=runner.device).manual_seed(runner.config.model.seed)
+        if target.config.model.load_format == "dummy":
+            gen = torch.Generator(device=target.device).manual_seed(target.config.model.seed)
             for name, p in self.head.named_parameters():
                 p.data.fill_(1.0) if "norm" in name else p.data.uniform_(-0.02, 0.02, generator=gen)
         else:
             self.head.load_weights(iter_safetensors(path))
-        self.embed = self.head.embed_tokens or runner.model.embed_tokens
+        self.embed = self.head.embed_tokens or target.model.embed_tokens
         self.kv_model = self.head
         # The head as its CUDA graphs run it (capture_graphs).
         self.guess_fn: _GraphedStep | None = None
@@ -229,52 +227,56 @@ class Eagle3Proposer(ModelProposer):
         )
 
     def capture_graphs(self) -> None:
-        if not hasattr(self.backend, "decode_plan"):
+        if not self.backend.capabilities.decode_graphs:
             return
-        sc = self.runner.config.scheduler
-        max_batch = min(self.runner.config.max_cuda_graph_batch_size, sc.max_num_seqs)
+        sc = self.target.config.scheduler
+        max_batch = min(self.target.config.max_cuda_graph_batch_size, sc.max_num_seqs)
         self.guess_fn = _GraphedStep(self.head, self.embed, max_batch, guess=True)
         self.catch_up_fn = _GraphedStep(self.head, self.embed, BUCKETS[-1], guess=False)
         self.capture_step_graphs(self.backend, self.guess_fn, self.catch_up_fn, "EAGLE-3 head")
 
-    def _catch_up(self, lay: StepLayout, ids: list[int], hidden_in: torch.Tensor):
+    def _catch_up(
+        self, lay: StepLayout, ids: list[int], hidden_in: torch.Tensor, tables: BlockTables
+    ):
         """(normed, pre-norm) outputs of the head over the step's kept positions."""
-        r = self.runner
+        r = self.target
         size = self.mixed.size_for(lay.query_lens, lay.seq_lens) if self.mixed else None
         if size is None:
             ids_d, pos_d, meta = eager_inputs(
-                lay, ids, r.tables, self.backend, r.device, r.block_size
+                lay, ids, tables, self.backend, r.device, r.block_size
             )
             return self.head(ids_d, pos_d, hidden_in, meta, self.embed)
         self.catch_up_fn.hidden_in[: lay.num_tokens].copy_(hidden_in)
         tokens = np.stack([np.asarray(ids, dtype=np.int64), lay.positions, lay.slots])
-        width = int(r.tables.num_blocks[lay.rows].max())
-        out = self.mixed.run(size, tokens, lay.query_lens, lay.seq_lens, lay.rows, r.tables, width)
+        width = int(tables.num_blocks[lay.rows].max())
+        out = self.mixed.run(size, tokens, lay.query_lens, lay.seq_lens, lay.rows, tables, width)
         return out.split(self.head.fc.weight.shape[0], dim=-1)
 
-    def _guess(self, lay: StepLayout, token: torch.Tensor, hidden: torch.Tensor):
+    def _guess(
+        self, lay: StepLayout, token: torch.Tensor, hidden: torch.Tensor, tables: BlockTables
+    ):
         """One guessing step from `token` (on the device): (next guesses, pre-norm output)."""
-        r = self.runner
+        r = self.target
         n = len(lay.rows)
         size = self.graphs.size_for(n) if self.graphs else None
         if size is None:
             _, pos_d, meta = eager_inputs(
-                lay, np.zeros(n), r.tables, self.backend, r.device, r.block_size
+                lay, np.zeros(n), tables, self.backend, r.device, r.block_size
             )
             normed, prenorm = self.head(token, pos_d, hidden, meta, self.embed)
             return self.head.guess(normed), prenorm
         self.guess_fn.hidden_in[:n].copy_(hidden)
         zeros = np.zeros(n, dtype=np.int64)
         inputs = np.stack([zeros, lay.positions, lay.slots, lay.seq_lens, lay.rows])
-        width = int(r.tables.num_blocks[lay.rows].max())
+        width = int(tables.num_blocks[lay.rows].max())
         fill = (torch.arange(n, device=r.device), token)
-        prenorm = self.graphs.run(size, inputs, r.tables, width, fill)
+        prenorm = self.graphs.run(size, inputs, tables, width, fill)
         # (A copy: the next replay overwrites the buffer.)
         return self.guess_fn.guesses[:n].clone(), prenorm
 
     @torch.inference_mode()
     def propose(self, step: StepRecord, max_drafts: list[int]) -> list[list[int]]:
-        r = self.runner
+        r, tables = self.target, step.tables
         dev, bs = r.device, r.block_size
         offsets = np.cumsum(step.layout.query_lens) - step.layout.query_lens
         ids, flat_rows, qlens, last_rows, proposing = [], [], [], [], []
@@ -287,10 +289,10 @@ class Eagle3Proposer(ModelProposer):
             if step.sampled[i] and max_drafts[i] > 0:
                 last_rows.append(len(ids) - 1)
                 proposing.append(i)
-        lay = layout(step.layout.rows, step.layout.starts, qlens, r.tables, bs)
+        lay = layout(step.layout.rows, step.layout.starts, qlens, tables, bs)
         aux = torch.cat(step.aux_hidden, dim=-1)
         rows_d = torch.tensor(flat_rows, dtype=torch.int64, device=dev)
-        normed, prenorm = self._catch_up(lay, ids, self.head.fc(aux[rows_d]))
+        normed, prenorm = self._catch_up(lay, ids, self.head.fc(aux[rows_d]), tables)
         if not proposing:
             return [[] for _ in step.token_ids]
         last = torch.tensor(last_rows, dtype=torch.int64, device=dev)
@@ -299,8 +301,8 @@ class Eagle3Proposer(ModelProposer):
         rows = step.layout.rows[proposing]
         positions = np.array([step.valid_ends[i] for i in proposing], dtype=np.int64)
         for _ in range(max(max_drafts[i] for i in proposing) - 1):
-            lay = layout(rows, positions, np.ones_like(positions), r.tables, bs)
-            token, hidden = self._guess(lay, token, hidden)
+            lay = layout(rows, positions, np.ones_like(positions), tables, bs)
+            token, hidden = self._guess(lay, token, hidden, tables)
             guesses.append(token)
             positions = positions + 1
         return self.read_back(guesses, proposing, max_drafts, len(step.token_ids))

@@ -22,19 +22,16 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from cadence.worker.batch_inputs import StepLayout
+from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
+from cadence.worker.drafter import TargetView
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.mixed_graphs import MixedGraphs
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +49,7 @@ class StepRecord:
     # ... and whether it sampled (then token_ids[valid_end] is its new token)
     sampled: list[bool]
     token_ids: list[list[int]]  # each request's tokens (prompt + output) after the step
+    tables: BlockTables  # the target's block tables (a draft model writes the same blocks)
 
 
 class Proposer(ABC):
@@ -89,9 +87,9 @@ class ModelProposer(Proposer):
 
     kv_model: nn.Module  # set by the subclass; has attention_layers()
 
-    def __init__(self, k: int, runner: ModelRunner) -> None:
+    def __init__(self, k: int, target: TargetView) -> None:
         super().__init__(k)
-        self.runner = runner
+        self.target = target
         self.graphs: DecodeGraphs | None = None  # its guessing steps', once captured
         self.mixed: MixedGraphs | None = None  # its catch-ups', once captured
 
@@ -99,24 +97,24 @@ class ModelProposer(Proposer):
         return self.kv_model.attention_layers()
 
     def kv_bytes_per_block(self) -> int:
-        return kv_bytes_per_block(self.kv_model, self.runner.block_size, self.runner.dtype)
+        return kv_bytes_per_block(self.kv_model, self.target.block_size, self.target.dtype)
 
     def allocate_kv_cache(self, num_blocks: int) -> list[torch.Tensor]:
-        r = self.runner
+        r = self.target
         return bind_kv_caches(self.kv_model, num_blocks, r.block_size, r.dtype, r.device)
 
     def capture_step_graphs(self, backend, guess_model, catch_up_model, what: str) -> None:
         """CUDA graphs of its guessing steps (one token a request: `self.graphs`) and of
         its catch-ups (token buckets: `self.mixed`, where the backend has them). Eager, a
         small model's step is all kernel launches."""
-        r = self.runner
+        r = self.target
         t0 = time.perf_counter()
         sc = r.config.scheduler
         max_batch = min(r.config.max_cuda_graph_batch_size, sc.max_num_seqs)
         bs, width = r.block_size, r.max_blocks_per_seq
         self.graphs = DecodeGraphs(guess_model, backend, r.device, max_batch, width, bs)
         self.graphs.capture()
-        if hasattr(backend, "mixed_graph_plan"):
+        if backend.capabilities.mixed_graphs:
             self.mixed = MixedGraphs(
                 catch_up_model, backend, r.device, sc.max_num_batched_tokens, sc.max_num_seqs,
                 width, bs,

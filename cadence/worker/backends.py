@@ -9,8 +9,8 @@ import torch
 from cadence.attention.base import AttentionBackend
 from cadence.attention.cpu_paged import CpuPagedAttentionBackend
 from cadence.attention.torch_ref import TorchAttentionBackend
-from cadence.layers import cpu_ops
 from cadence.layers.linear import local_kv_heads
+from cadence.ops import cpu_ops
 
 
 def make_attention_backend(name: str, device: torch.device, hf_config) -> AttentionBackend:

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 logger = logging.getLogger(__name__)
 

@@ -99,8 +99,8 @@ class DecodeGraphs:
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # hidden states [size, hidden]
         # The model's aux_hidden (EAGLE-3's inputs) as each graph left them, if it keeps any.
         self.aux: dict[tuple[int, bool], list[torch.Tensor]] = {}
-        graph_parts = getattr(backend, "graph_split_parts", None)
-        self.split_sizes = [s for s in self.sizes if graph_parts and graph_parts(s, device)]
+        split = backend.capabilities.split_kv
+        self.split_sizes = [s for s in self.sizes if split and backend.graph_split_parts(s, device)]
         self.num_replays = 0
         self.num_split_replays = 0
 

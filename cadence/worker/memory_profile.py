@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
 from cadence.attention.base import AttentionMetadata
 from cadence.layers.sampler import SamplingBatch
-
-if TYPE_CHECKING:
-    from cadence.worker.model_runner import ModelRunner
+from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
 
 
 @torch.inference_mode()
-def profile_cuda_memory(runner: ModelRunner) -> int:
+def profile_cuda_memory(runner: RunnerParts) -> int:
     """Bytes the KV pool may take: total x gpu_memory_utilization, minus what is in use
     (weights, CUDA context, other processes) and the peak of a profiling step.
 
@@ -93,7 +90,7 @@ def profile_cuda_memory(runner: ModelRunner) -> int:
     kv_temp = sum(c.numel() * c.element_size() for c in runner.kv_caches)
     activations = peak - kv_temp
     del hidden, logits, meta
-    draft_layers = runner.spec.proposer.attention_layers() if runner.spec is not None else []
+    draft_layers = runner.drafter.attention_layers() if runner.drafter is not None else []
     for layer in [*runner.model.attention_layers(), *draft_layers]:
         layer.kv_cache = None
     runner.kv_caches = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,61 +30,25 @@ from cadence.loader.loader import (
     resolve_dtype,
     resolve_model_path,
 )
-from cadence.sampling_params import SamplingParams
-from cadence.spec_decode.decoder import SpecDecoder
+from cadence.platform import pick_device
 from cadence.worker import prompt_logprobs
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import eager_inputs, layout
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
+from cadence.worker.drafter import Drafter, DrafterFactory, TargetView
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import profile_cuda_memory
 from cadence.worker.mixed_graphs import MixedGraphs
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
+from cadence.worker.step_state import ModelOutput, PendingSample, RequestState
 from cadence.worker.transfer import to_device, to_host_async
 from cadence.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
-
-
-@dataclass
-class _RequestState:
-    token_ids: list[int]  # prompt + output, including the token sampled last
-    num_prompt_tokens: int
-    params: SamplingParams
-    generator: torch.Generator | None
-    row: int  # its row in BlockTables
-    num_computed_tokens: int
-    num_pending: int = 0  # sampled by a step whose ids have not been read back yet
-    prompt_lp: PromptLogprobsState | None = None  # wants prompt logprobs
-
-
-@dataclass
-class PendingSample:
-    """A step's sampling, launched but not read back (async scheduling reads it a step
-    later, while the next forward pass runs)."""
-
-    sample_ids: list[str]
-    states: list[_RequestState]  # the requests sampled (an id may be reused meanwhile)
-    out: SamplerOutput  # on the host (CPU device), or pinned host copies being filled
-    ready: torch.cuda.Event | None  # passed: the copies have landed
-
-
-@dataclass
-class ModelOutput:
-    """One step's forward pass, before sampling."""
-
-    sample_ids: list[str]  # requests that sample this step, in row order
-    # [rows, vocab] on the device: one row per sampling request, or with speculative
-    # decoding 1 + len(drafts[i]) rows for request i (its drafts' positions, then the next)
-    logits: torch.Tensor | None
-    drafts: list[list[int]] | None = None  # speculative decoding: drafts per request
-    # perf_counter() when the inputs were ready and the forward pass began (the step
-    # timeline's prepare | forward boundary); None if the step ran no forward pass
-    forward_start: float | None = None
 
 
 def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
@@ -98,19 +61,20 @@ def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class ModelRunner:
     """One rank's runner. With tensor parallelism every rank runs one, on the same deltas
     in the same order (the executor sees to that); each holds its shard of the model and
     of the KV cache (its KV heads), and rank 0 alone samples: the others receive its
     tokens (a broadcast) for the next step's inputs."""
 
-    def __init__(self, config: EngineConfig, model_path: str | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_path: str | None = None,
+        drafter_factory: DrafterFactory | None = None,
+    ) -> None:
+        """`drafter_factory`: speculative decoding's drafter, built from a read-only view
+        of this runner's target (the executor passes it; None: no speculation)."""
         self.config = config
         mc = config.model
         tp = get_tp()
@@ -149,18 +113,18 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids(self.model_path, self.hf_config)
         self.block_size = config.cache.block_size
         self.sampler = Sampler()
-        self.requests: dict[str, _RequestState] = {}
+        self.requests: dict[str, RequestState] = {}
         self._last_tokens: torch.Tensor | None = None  # the last sampled ids, on the device
         self._last_rows: dict[str, int] = {}  # request id -> its row in _last_tokens
-        self.spec: SpecDecoder | None = None
-        if config.speculative is not None:  # its draft model counts in the memory profile
-            self.spec = SpecDecoder(config.speculative, self)
-        self.num_blocks = self._num_kv_blocks()
-        self.allocate_kv_cache()
         # One spare column: a table row must never be the thing that rejects a request.
         # (Speculation: a draft model writes its guesses' K/V up to k slots further.)
         slots = self.max_model_len + config.num_lookahead_tokens
         self.max_blocks_per_seq = -(-slots // self.block_size) + 1
+        self.drafter: Drafter | None = None
+        if drafter_factory is not None:  # its draft model counts in the memory profile
+            self.drafter = drafter_factory(self._target_view())
+        self.num_blocks = self._num_kv_blocks()
+        self.allocate_kv_cache()
         self.tables = BlockTables(
             config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device
         )
@@ -187,8 +151,8 @@ class ModelRunner:
         # Verify steps (1 + k tokens a request) replay the mixed-step graphs.
         if (
             self.graphs is not None
-            and (config.cuda_graph_prefill or config.speculative is not None)
-            and hasattr(self.backend, "mixed_graph_plan")
+            and (config.cuda_graph_prefill or self.drafter is not None)
+            and self.backend.capabilities.mixed_graphs
         ):
             sc = config.scheduler
             self.mixed_graphs = MixedGraphs(
@@ -206,17 +170,31 @@ class ModelRunner:
                 self.mixed_graphs.sizes,
                 seconds,
             )
-        if self.spec is not None and self.device.type == "cuda" and not config.enforce_eager:
-            self.spec.proposer.capture_graphs()
+        if self.drafter is not None and self.device.type == "cuda" and not config.enforce_eager:
+            self.drafter.capture_graphs()
         release_freed_memory()  # what loading and profiling freed, back to the OS
 
     def _make_backend(self, name: str) -> AttentionBackend:
         return make_attention_backend(name, self.device, self.hf_config)
 
+    def _target_view(self) -> TargetView:
+        return TargetView(
+            self.config,
+            self.hf_config,
+            self.model,
+            self.device,
+            self.dtype,
+            self.block_size,
+            self.max_model_len,
+            self.max_blocks_per_seq,
+            self.vocab_size,
+            self.eos_token_ids,
+        )
+
     def _use_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return False
-        if not hasattr(self.backend, "decode_plan"):
+        if not self.backend.capabilities.decode_graphs:
             logger.info("attention backend %s has no graph-safe decode: eager", self.backend.name)
             return False
         return True
@@ -225,7 +203,7 @@ class ModelRunner:
 
     def _kv_bytes_per_block(self) -> int:
         own = kv_bytes_per_block(self.model, self.block_size, self.kv_dtype)
-        return own + (self.spec.kv_bytes_per_block() if self.spec is not None else 0)
+        return own + (self.drafter.kv_bytes_per_block() if self.drafter is not None else 0)
 
     def _num_kv_blocks(self) -> int:
         cc = self.config.cache
@@ -248,8 +226,8 @@ class ModelRunner:
         self.kv_caches = bind_kv_caches(
             self.model, self.num_blocks, self.block_size, self.kv_dtype, self.device
         )
-        if self.spec is not None:  # a draft model's own K/V, in the same block ids
-            self.kv_caches += self.spec.allocate_kv_cache(self.num_blocks)
+        if self.drafter is not None:  # a draft model's own K/V, in the same block ids
+            self.kv_caches += self.drafter.allocate_kv_cache(self.num_blocks)
         if not log:
             return
         logger.info(
@@ -273,7 +251,7 @@ class ModelRunner:
             gen = None
             if params.seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(params.seed)
-            self.requests[new.request_id] = _RequestState(
+            self.requests[new.request_id] = RequestState(
                 new.prompt_token_ids + new.output_token_ids,
                 len(new.prompt_token_ids),
                 params,
@@ -372,8 +350,8 @@ class ModelRunner:
                 ids_d[fill[0]] = fill[1]
             forward_start = time.perf_counter()
             hidden = self.model(ids_d, pos_d, meta)
-        if self.spec is not None:  # what the proposer reads after verification
-            self.spec.record_step(list(sched.num_scheduled_tokens), lay, hidden)
+        if self.drafter is not None:  # what the proposer reads after verification
+            self.drafter.record_step(list(sched.num_scheduled_tokens), lay, hidden, self.tables)
         if prompt_rows.rows:
             max_rows = min(self.config.scheduler.max_num_seqs, 128)
             prompt_logprobs.compute(self.model, hidden, prompt_rows, max_rows)
@@ -384,7 +362,7 @@ class ModelRunner:
         else:
             sample_rows_d = to_device(torch.tensor(sample_rows, dtype=torch.int64), dev)
             logits = self.model.compute_logits(hidden[sample_rows_d])
-        drafts_out = drafts if self.spec is not None else None
+        drafts_out = drafts if self.drafter is not None else None
         return ModelOutput(sample_ids, logits, drafts_out, forward_start)
 
     @torch.inference_mode()
@@ -397,9 +375,32 @@ class ModelRunner:
 
         With speculative decoding this verifies the drafts (rejection sampling), appends the
         accepted tokens and proposes the next drafts: a synchronous step."""
-        if self.spec is not None:
-            return self.spec.verify_and_propose(model_out, grammar_bitmask)
+        if self.drafter is not None:
+            return self._verify_and_propose(model_out, grammar_bitmask)
         return self.resolve(self.sample_async(model_out, grammar_bitmask))
+
+    def _verify_and_propose(
+        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None
+    ) -> SampledTokens:
+        """The drafter judges this step's drafts; the runner appends what it accepted,
+        then asks for the next drafts."""
+        result = SampledTokens()
+        accepted: dict[str, int] = {}
+        if model_out.sample_ids:
+            states = [self.requests[rid] for rid in model_out.sample_ids]
+            verdicts = self.drafter.verify(model_out, grammar_bitmask, states)
+            for rid, st, verdict in zip(model_out.sample_ids, states, verdicts):
+                st.token_ids.extend(verdict.tokens)
+                result.sampled[rid] = verdict.tokens[-1]
+                if verdict.num_accepted:
+                    result.accepted_drafts[rid] = verdict.tokens[:-1]
+                if verdict.logprobs is not None:
+                    result.logprobs[rid] = verdict.logprobs
+                accepted[rid] = verdict.num_accepted
+                if st.prompt_lp is not None and not st.prompt_lp.sent:
+                    result.prompt_logprobs[rid] = st.prompt_lp.take()
+        result.proposals.update(self.drafter.propose(model_out, accepted, self.requests))
+        return result
 
     @torch.inference_mode()
     def sample_async(

@@ -29,16 +29,13 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 import torch
 
 from cadence.attention.base import AttentionMetadata
 from cadence.distributed.parallel_state import get_tp
 from cadence.layers.sampler import SamplingBatch
-
-if TYPE_CHECKING:
-    from cadence.worker.model_runner import ModelRunner
+from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +64,7 @@ def warm_up_steps(
 
 
 def _step_meta(
-    runner: ModelRunner, reqs: list[tuple[int, int]], table: torch.Tensor
+    runner: RunnerParts, reqs: list[tuple[int, int]], table: torch.Tensor
 ) -> tuple[torch.Tensor, AttentionMetadata]:
     """(positions, metadata) of a step whose requests all read and write one scratch
     table row (they share blocks: their K/V is garbage nobody keeps)."""
@@ -90,7 +87,7 @@ def _step_meta(
 
 
 @torch.inference_mode()
-def warm_up(runner: ModelRunner) -> float:
+def warm_up(runner: RunnerParts) -> float:
     """Run the synthetic steps and both samplers; returns the seconds it took."""
     t0 = time.perf_counter()
     backend = runner.backend

@@ -10,7 +10,7 @@ import torch
 from cadence.attention.base import AttentionMetadata
 from cadence.attention.cpu_paged import CpuPagedAttentionBackend
 from cadence.attention.torch_ref import SHORT_QUERY, TorchAttentionBackend
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 BS, HQ, HKV, D = 4, 4, 2, 8
 

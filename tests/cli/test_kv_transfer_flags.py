@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from cadence.cli.args import add_engine_args, check_engine_args
+from cadence.engine_args import add_engine_args, check_engine_args
 
 
 def parse(argv: list[str]) -> dict:

@@ -8,7 +8,7 @@ import pytest
 def test_tensor_parallel_flags():
     import argparse
 
-    from cadence.cli.args import add_engine_args, check_engine_args
+    from cadence.engine_args import add_engine_args, check_engine_args
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)

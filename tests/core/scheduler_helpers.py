@@ -10,7 +10,8 @@ import zlib
 from collections.abc import Iterable, Sequence
 
 from cadence.config import SchedulerConfig
-from cadence.core.kv_cache import KVCacheManager, make_block_hasher
+from cadence.core.hash_prefix_cache import make_block_hasher
+from cadence.core.kv_cache import KVCacheManager
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SampledTokens, SchedulerOutput

@@ -11,15 +11,15 @@ import hashlib
 import numpy as np
 import pytest
 
-from cadence.core.kv_cache import (
+from cadence.core.block import FreeBlockQueue, KVBlock
+from cadence.core.block_pool import BlockPool
+from cadence.core.hash_prefix_cache import (
     NONE_HASH,
-    BlockPool,
-    FreeBlockQueue,
-    KVBlock,
-    KVCacheManager,
+    HashPrefixCache,
     hash_block_tokens,
     make_block_hasher,
 )
+from cadence.core.kv_cache import KVCacheManager
 from cadence.core.request import Request
 from cadence.sampling_params import SamplingParams
 
@@ -57,10 +57,10 @@ def snapshot(kv: KVCacheManager):
     return (
         free_ids(kv.pool),
         [(b.ref_cnt, b.block_hash) for b in kv.pool.blocks],
-        dict(kv.pool.cached),
+        dict(kv.cache.cached),
         {rid: [b.block_id for b in bs] for rid, bs in kv.req_blocks.items()},
         dict(kv.num_cached_blocks),
-        kv.pool.num_evictions,
+        kv.cache.num_evictions,
     )
 
 
@@ -195,39 +195,44 @@ def test_asking_for_more_blocks_than_are_free_raises_and_takes_none():
     assert pool.num_free_blocks == 1
 
 
+def hash_pool(num_blocks: int) -> tuple[BlockPool, HashPrefixCache]:
+    cache = HashPrefixCache(block_size=4)
+    return BlockPool(num_blocks, cache), cache
+
+
 def test_reusing_a_cached_free_block_evicts_its_hash():
-    pool = BlockPool(1)
+    pool, cache = hash_pool(1)
     (block,) = pool.get_new_blocks(1)
     h = hash_block_tokens(None, [1, 2, 3, 4])
-    pool.cache_block(block, h)
+    cache.cache_block(block, h)
     pool.free([block])
-    assert pool.lookup(h) is block  # free but still cached
+    assert cache.lookup(h) is block  # free but still cached
     assert block.block_hash == h
     (again,) = pool.get_new_blocks(1)
     assert again is block
-    assert pool.lookup(h) is None and block.block_hash is None
-    assert pool.num_evictions == 1
+    assert cache.lookup(h) is None and block.block_hash is None
+    assert cache.num_evictions == 1
 
 
 def test_one_block_per_hash_a_duplicate_stays_private():
-    pool = BlockPool(2)
+    pool, cache = hash_pool(2)
     first, second = pool.get_new_blocks(2)
     h = hash_block_tokens(None, [1, 2, 3, 4])
-    pool.cache_block(first, h)
-    pool.cache_block(second, h)
-    assert pool.lookup(h) is first
+    cache.cache_block(first, h)
+    cache.cache_block(second, h)
+    assert cache.lookup(h) is first
     assert second.block_hash is None
 
 
 def test_reset_prefix_cache_only_when_no_block_is_held():
-    pool = BlockPool(2)
+    pool, cache = hash_pool(2)
     (block,) = pool.get_new_blocks(1)
-    pool.cache_block(block, hash_block_tokens(None, [1]))
+    cache.cache_block(block, hash_block_tokens(None, [1]))
     assert pool.reset_prefix_cache() is False
-    assert pool.cached
+    assert cache.cached
     pool.free([block])
     assert pool.reset_prefix_cache() is True
-    assert not pool.cached and block.block_hash is None
+    assert not cache.cached and block.block_hash is None
 
 
 # ---- KVCacheManager -------------------------------------------------------------------------
@@ -250,7 +255,7 @@ def test_full_blocks_are_cached_as_they_become_computed():
     blocks = kv.req_blocks["a"]
     assert blocks[0].block_hash == req.block_hashes[0]
     assert blocks[1].block_hash is None
-    assert len(kv.pool.cached) == 1
+    assert len(kv.cache.cached) == 1
     # Decoding fills the second block: it is cached on the step that computes its last token.
     req.append_output_token(100)
     compute(kv, req)
@@ -258,7 +263,7 @@ def test_full_blocks_are_cached_as_they_become_computed():
     assert len(req.block_hashes) == 2
     compute(kv, req)
     assert blocks[1].block_hash == req.block_hashes[1]
-    assert kv.pool.lookup(req.block_hashes[1]) is blocks[1]
+    assert kv.cache.lookup(req.block_hashes[1]) is blocks[1]
 
 
 def test_blocks_are_freed_tail_first_so_a_shared_trunk_outlives_its_leaves():
@@ -271,9 +276,9 @@ def test_blocks_are_freed_tail_first_so_a_shared_trunk_outlives_its_leaves():
     other = make_request("b", [99] * 5)
     compute(kv, other)
     assert kv.get_block_ids("b") == [3, 2]
-    assert kv.pool.lookup(req.block_hashes[0]) is kv.pool.blocks[0]
-    assert kv.pool.lookup(req.block_hashes[1]) is kv.pool.blocks[1]
-    assert kv.pool.lookup(req.block_hashes[2]) is None
+    assert kv.cache.lookup(req.block_hashes[0]) is kv.pool.blocks[0]
+    assert kv.cache.lookup(req.block_hashes[1]) is kv.pool.blocks[1]
+    assert kv.cache.lookup(req.block_hashes[2]) is None
 
 
 def test_requests_freed_earlier_lose_their_cached_blocks_first():
@@ -286,8 +291,8 @@ def test_requests_freed_earlier_lose_their_cached_blocks_first():
     kv.free(b)
     c = make_request("c", list(range(200, 208)))
     compute(kv, c)
-    assert all(kv.pool.lookup(h) is None for h in a.block_hashes)
-    assert all(kv.pool.lookup(h) is not None for h in b.block_hashes)
+    assert all(kv.cache.lookup(h) is None for h in a.block_hashes)
+    assert all(kv.cache.lookup(h) is not None for h in b.block_hashes)
 
 
 def test_get_computed_blocks_finds_the_longest_cached_prefix():
@@ -411,8 +416,8 @@ def test_caching_disabled_never_hits_and_never_hashes_blocks():
     a = make_request("a", list(range(9)))
     compute(kv, a)
     kv.free(a)
-    assert not kv.pool.cached
-    assert all(b.block_hash is None for b in kv.pool.blocks)
+    assert kv.cache.kind == "off" and kv.block_hasher is None
+    assert all(b.block_hash is None and b.node is None for b in kv.pool.blocks)
     assert kv.get_computed_blocks(make_request("b", list(range(9)))) == ([], 0)
 
 
@@ -461,7 +466,7 @@ def test_integrity_check_catches_a_block_that_is_neither_held_nor_free():
 
 def test_integrity_check_catches_a_cache_entry_naming_the_wrong_block():
     kv, a, _ = _busy_manager()
-    kv.pool.cached[a.block_hashes[0]] = kv.req_blocks["a"][1]
+    kv.cache.cached[a.block_hashes[0]] = kv.req_blocks["a"][1]
     with pytest.raises(AssertionError):
         kv.check_integrity()
 

@@ -11,8 +11,8 @@ from cadence.sampling_params import SamplingParams
 BS = 4
 
 
-def make(num_blocks: int = 32) -> KVCacheManager:
-    return KVCacheManager(num_blocks, BS, enable_caching=True, prefix_cache="radix")
+def make(num_blocks: int = 32, eviction: str = "lru") -> KVCacheManager:
+    return KVCacheManager(num_blocks, BS, True, "radix", eviction)
 
 
 def req(rid: str, tokens: list[int]) -> Request:
@@ -40,7 +40,7 @@ def test_insert_then_match_returns_the_same_blocks():
 def test_divergence_mid_edge_splits_it():
     kv = make()
     run_prefill(kv, req("a", list(range(17))))  # one edge of 4 blocks
-    tree = kv.pool.tree
+    tree = kv.cache.tree
     assert len(tree.nodes()) == 1
     b_tokens = list(range(8)) + [50 + i for i in range(9)]  # shares 2 blocks, then differs
     run_prefill(kv, req("b", b_tokens))
@@ -66,15 +66,16 @@ def test_locked_nodes_survive_eviction_and_lru_leaves_go_first():
     kv.free(a)  # a's own blocks become evictable; the shared first block is still b's
     kv.free(c)
     kv.check_integrity()
-    tree = kv.pool.tree
+    tree = kv.cache.tree
     # Full blocks only live in the tree: a's second block (its first is b's too) and c's two.
     assert tree.num_evictable == 1 + 2
     held_by_b = set(kv.get_block_ids("b")[:2])  # its two full blocks (the third is partial)
-    free_before = kv.pool.free_queue.num_free
-    tree.evict(1)
-    assert kv.pool.free_queue.num_free == free_before + 1
+    (evicted,) = kv.cache.evict(1)
+    assert evicted.node is None and evicted.ref_cnt == 0
+    kv.pool.free_queue.append(evicted)  # (what the pool does with it)
     # b's blocks are referenced: never evicted, whatever is asked
-    tree.evict(100)
+    for block in kv.cache.evict(100):
+        kv.pool.free_queue.append(block)
     assert held_by_b <= {blk.block_id for n in tree.nodes() for blk in n.blocks}
     kv.check_integrity()
 
@@ -87,7 +88,7 @@ def test_eviction_order_is_least_recently_used_leaf():
     kv.free(old)
     kv.free(new)
     kv.get_computed_blocks(req("x", [2] * 8 + [5]))  # touches "new"'s path
-    tree = kv.pool.tree
+    tree = kv.cache.tree
     tree.evict(2)
     remaining = {n.tokens[:4] for n in tree.nodes()}
     assert remaining == {(2, 2, 2, 2)}
@@ -115,8 +116,8 @@ def test_no_block_leaked_after_everything_finishes():
         kv.free(r)
     kv.check_integrity()
     assert kv.num_free_blocks == 40
-    assert kv.pool.tree.nodes()  # the cache still holds prefixes
-    assert kv.pool.tree.num_evictions > 0
+    assert kv.cache.tree.nodes()  # the cache still holds prefixes
+    assert kv.cache.tree.num_evictions > 0
 
 
 def test_reset_empties_the_tree():
@@ -126,9 +127,33 @@ def test_reset_empties_the_tree():
     assert not kv.reset_prefix_cache()  # a request still holds blocks
     kv.free(r)
     assert kv.reset_prefix_cache()
-    assert kv.pool.tree.nodes() == [] and kv.pool.free_queue.num_free == 32
+    assert kv.cache.tree.nodes() == [] and kv.pool.free_queue.num_free == 32
 
 
 def test_bad_prefix_cache_name():
     with pytest.raises(ValueError, match="radix"):
         KVCacheManager(8, 4, prefix_cache="trie")
+
+
+def test_lfu_eviction_keeps_the_often_hit_prefix_that_lru_would_drop():
+    """Two cached prompts; the older one was hit twice, the newer one never. LRU evicts the
+    older (least recently used), LFU the newer (least often used)."""
+    survivors = {}
+    for policy in ("lru", "lfu"):
+        kv = make(num_blocks=6, eviction=policy)
+        hot, cold = list(range(9)), [5] * 9  # two full blocks each, and a partial one
+        for i, prompt in enumerate([hot, hot, hot, cold]):
+            r = req(f"{policy}{i}", prompt)
+            run_prefill(kv, r)
+            kv.free(r)
+        assert kv.pool.free_queue.num_free == 2 and kv.cache.num_evictable == 4
+        kv.pool.get_new_blocks(3)  # one more than the queue holds: the cache gives one up
+        assert kv.cache.num_evictions == 1
+        survivors[policy] = kv.cached_prefix_len(req("hot?", hot + [1]))
+    assert survivors["lru"] == BS  # hot lost its second block
+    assert survivors["lfu"] == 2 * BS  # hot kept whole; cold paid
+
+
+def test_an_unknown_eviction_policy_is_refused():
+    with pytest.raises(ValueError, match="eviction policy"):
+        make(eviction="random")

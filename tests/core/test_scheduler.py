@@ -277,7 +277,7 @@ def test_a_preempted_request_resumes_from_its_cached_prefix():
 
     out, _ = step(sched)  # B preempts C; C's partial block is reused, its full one stays
     assert out.preempted_ids == ["C"]
-    assert sched.kv.pool.lookup(c.block_hashes[0]).block_id == c_first_block
+    assert sched.kv.cache.lookup(c.block_hashes[0]).block_id == c_first_block
     assert sched.kv.stats.hits == 0
 
     out, _ = step(sched)  # A and B finished; C comes back: 7 tokens, 4 of them cached

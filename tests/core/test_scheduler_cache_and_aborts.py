@@ -46,7 +46,7 @@ def test_a_request_sharing_a_finished_requests_prefix_starts_from_cache_hits():
     assert sched.kv.stats.queries == 20 + 22
     run_to_completion(sched)
     check_all_free(sched)
-    assert sched.kv.pool.cached
+    assert sched.kv.cache.cached
 
 
 def test_running_requests_with_a_common_prefix_share_its_blocks():
@@ -100,7 +100,7 @@ def test_without_prefix_caching_every_prompt_is_computed_in_full():
     assert sched.kv.stats.hits == 0
     run_to_completion(sched)
     check_all_free(sched)
-    assert not sched.kv.pool.cached
+    assert sched.kv.cache.kind == "off"
 
 
 # ---- aborts ---------------------------------------------------------------------------------
@@ -244,12 +244,12 @@ def test_a_random_workload_keeps_every_invariant_and_leaks_nothing(seed, cache, 
     check_all_free(sched)
     if cache == "radix":
         assert sched.kv.stats.hits > 0
-        nodes = sched.kv.pool.tree.nodes()
+        nodes = sched.kv.cache.tree.nodes()
         assert nodes and all(b.ref_cnt == 0 for n in nodes for b in n.blocks)
     elif enable_caching:
         assert sched.kv.stats.hits > 0
-        assert sched.kv.pool.cached
-        for block_hash, block in sched.kv.pool.cached.items():
+        assert sched.kv.cache.cached
+        for block_hash, block in sched.kv.cache.cached.items():
             assert block.block_hash == block_hash and block.ref_cnt == 0
     else:
-        assert not sched.kv.pool.cached and sched.kv.stats.hits == 0
+        assert sched.kv.cache.kind == "off" and sched.kv.stats.hits == 0

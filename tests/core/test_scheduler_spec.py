@@ -125,6 +125,6 @@ def test_only_accepted_tokens_are_hashed():
     rng = random.Random(2)
     while sched.has_unfinished_requests():
         spec_step(sched, rng, 0.5)
-        for h in sched.kv.pool.cached:
+        for h in sched.kv.cache.cached:
             assert h in req.block_hashes  # hashes name known tokens only
     check_all_free(sched)

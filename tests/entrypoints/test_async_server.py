@@ -12,6 +12,8 @@ import httpx
 import pytest
 from server_helper import API_KEY, Server
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["--dtype", "float32", "--api-key", API_KEY, "--max-num-seqs", "8"]
 ARGS += ["--kv-cache-memory", str(256 * 2**20), "--max-model-len", "2048"]
 CHATS = [

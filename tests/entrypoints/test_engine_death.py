@@ -12,6 +12,10 @@ import time
 import httpx
 from server_helper import Server
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 
 def test_killing_the_engine_fails_in_flight_requests_and_health(tiny_model_dir):
     srv = Server(

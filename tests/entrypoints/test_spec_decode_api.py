@@ -14,6 +14,8 @@ import pytest
 from openai import OpenAI
 from server_helper import Server
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2}
 PROMPT = (
     "Repeat this sentence twice: The committee approved the budget for the new library "

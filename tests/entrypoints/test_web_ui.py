@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from server_helper import API_KEY
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SHOTS = Path(
     os.environ.get("CADENCE_SCREENSHOT_DIR", Path(__file__).parents[2] / "build" / "screenshots")

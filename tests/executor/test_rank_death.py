@@ -15,6 +15,10 @@ import httpx
 from server_helper import Server, children
 from tp_helpers import save_tiny_with_tokenizer
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 
 def test_offline_call_raises_after_a_rank_dies(tiny_model_dir):
     # In a child process: rank 0 would end its own process if it stayed blocked.

@@ -24,7 +24,7 @@ def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_mode
         assert greedy(one, prompts) == expected
     with LLM(path, tensor_parallel_size=2, **CPU) as two:
         assert type(two.engine.runner).__name__ == "MultiprocExecutor"
-        assert two.engine.runner.model.layers[0].self_attn.num_heads == 2  # 4 heads / 2
+        assert two.engine.runner.driver.model.layers[0].self_attn.num_heads == 2  # 4 heads / 2
         assert greedy(two, prompts) == expected
 
 
@@ -100,5 +100,5 @@ def test_gguf_model_over_three_ranks():
     with LLM(None, **CPU) as one:
         expected = greedy(one, prompts, 8)
     with LLM(None, tensor_parallel_size=3, **CPU) as three:
-        assert three.engine.runner.model.layers[0].self_attn.num_kv_heads == 1
+        assert three.engine.runner.driver.model.layers[0].self_attn.num_kv_heads == 1
         assert greedy(three, prompts, 8) == expected

@@ -20,8 +20,8 @@ def main() -> None:
         outs = llm.generate([{"prompt_token_ids": p} for p in job["prompts"]], params)
         from cadence.distributed.parallel_state import get_tp
 
-        graphs = llm.engine.runner.graphs
-        mixed = llm.engine.runner.mixed_graphs
+        graphs = llm.engine.runner.driver.graphs
+        mixed = llm.engine.runner.driver.mixed_graphs
         result = {
             "mixed_graph_replays": mixed.num_replays if mixed is not None else 0,
             "tokens": [list(o.outputs[0].token_ids) for o in outs],

@@ -33,7 +33,7 @@ def test_half_precision_logits_close_to_float32(tiny_model_dir, dtype):
         {"prompt_token_ids": prompt}, params
     )
     half = LLM(path, dtype=dtype, num_gpu_blocks_override=64)
-    assert half.engine.runner.dtype == getattr(torch, dtype)
+    assert half.engine.runner.driver.dtype == getattr(torch, dtype)
     out = half.generate({"prompt_token_ids": prompt}, params)
     ref_lps, half_lps = ref[0].outputs[0].logprobs[0], out[0].outputs[0].logprobs[0]
     for tok, lp in ref_lps.items():
@@ -58,7 +58,7 @@ def test_dummy_weights_have_the_real_shape(tiny_model_dir):
     )
     out = llm.generate({"prompt_token_ids": [1, 2, 3]}, PARAMS)[0].outputs[0]
     assert len(out.token_ids) == 12
-    embed = llm.engine.runner.model.embed_tokens.weight
+    embed = llm.engine.runner.driver.model.embed_tokens.weight
     assert embed.shape == (512, 64) and embed.abs().max() <= 0.02
 
 

@@ -130,7 +130,7 @@ def test_fp8_checkpoint_with_per_tensor_and_static_scales_loads_as_written(
     written, _ = write_fp8_checkpoint(src, tmp_path, qcfg, per_channel=False, kv={1: (0.5, 0.25)})
     llm = LLM(str(tmp_path), dtype="float32", tokenizer=None, skip_tokenizer_init=True,
               num_gpu_blocks_override=64)  # fmt: skip
-    model = llm.engine.runner.model
+    model = llm.engine.runner.driver.model
     qkv = model.layers[0].self_attn.qkv_proj
     pre = "model.layers.0.self_attn."
     assert qkv.weight.dtype == F8
@@ -160,7 +160,7 @@ def test_compressed_tensors_checkpoint_follows_the_model_it_represents(
     qcfg = compressed_tensors_config("channel", dynamic=True, ignore=("lm_head", ignored))
     _, represented = write_fp8_checkpoint(src, tmp_path, qcfg, per_channel=True, ignore=(ignored,))
     llm = LLM(str(tmp_path), dtype="float32", skip_tokenizer_init=True, num_gpu_blocks_override=64)
-    down = llm.engine.runner.model.layers[1].mlp.down_proj
+    down = llm.engine.runner.driver.model.layers[1].mlp.down_proj
     assert down.fp8_plain and down.weight.dtype == torch.float32
     ref = hf_model(src)
     state = {k: v.clone() for k, v in ref.state_dict().items()}
@@ -189,7 +189,7 @@ def test_quantizing_a_16bit_model_at_load_tracks_it(tiny_model_dir):
     plain = LLM(path, dtype="float32", skip_tokenizer_init=True, num_gpu_blocks_override=64)
     fp8 = LLM(path, dtype="float32", quantization="fp8", skip_tokenizer_init=True,
               num_gpu_blocks_override=64)  # fmt: skip
-    assert fp8.engine.runner.model.layers[0].mlp.gate_up_proj.weight.dtype == F8
+    assert fp8.engine.runner.driver.model.layers[0].mlp.gate_up_proj.weight.dtype == F8
     a = plain.generate(prompts, params, use_tqdm=False)
     b = fp8.generate(prompts, params, use_tqdm=False)
     plain_again = LLM(path, dtype="float32", quantization="fp8", skip_tokenizer_init=True,

@@ -151,7 +151,7 @@ def test_cpu_kernel_expands_its_packed_bytes_exactly(n):
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])  # one plane, two planes
 def test_cpu_kernel_expansion_equals_the_torch_ops_bit_for_bit(kind, dtype):
     """The C++ expansion (cpu_ops.expand_int4) rounds where the PyTorch ops do."""
-    from cadence.layers import cpu_ops
+    from cadence.ops import cpu_ops
     from cadence.quant.gguf_blocks import to_planes
 
     if cpu_ops.ops() is None:

@@ -66,10 +66,10 @@ def test_native_blocks_agree_with_the_float_path_in_float32(float_path):
 
 def test_bf16_default_keeps_the_blocks_packed(float_path):
     llm = LLM(kv_cache_memory=64 * 2**20)  # auto: bf16 on a CPU, the GGUF blocks
-    model = llm.engine.runner.model
+    model = llm.engine.runner.driver.model
     assert model.layers[0].mlp.gate_up_proj.quant_method.name == "gguf"
     packed = weight_bytes(model)
-    plain = weight_bytes(float_path.engine.runner.model) / 2  # the same tensors in bf16
+    plain = weight_bytes(float_path.engine.runner.driver.model) / 2  # the same tensors in bf16
     assert packed < 150 * 2**20 < plain
     out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=4))
     assert "Paris" in out[0].outputs[0].text

@@ -12,6 +12,10 @@ import time
 import httpx
 from server_helper import Server
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["--num-gpu-blocks-override", "256", "--max-model-len", "512"]
 
 

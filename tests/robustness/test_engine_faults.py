@@ -95,7 +95,7 @@ def test_a_failed_step_ends_its_requests_and_the_rest_run_as_if_it_never_happene
     assert got["r2"] == expected["ref2"]
     assert got["again0"] == expected["ref0"]
     # (The runner hears of the last finished requests with the next schedule.)
-    assert not {"r0", "r1"} & set(core.runner.requests), "the failed requests' rows are gone"
+    assert not {"r0", "r1"} & set(core.runner.request_ids()), "the failed requests' rows are gone"
     assert core.kv.num_free_blocks == core.runner.num_blocks
 
 
@@ -158,6 +158,7 @@ def completion(url: str, prompt: list[int], **kw) -> httpx.Response:
     return httpx.post(url + "/v1/completions", json={**body, **kw}, timeout=60)
 
 
+@pytest.mark.slow  # starts a server of its own
 def test_an_injected_exception_fails_only_its_step_and_the_server_serves_on(
     tiny_model_dir, tmp_path
 ):
@@ -218,6 +219,7 @@ def test_an_injected_exception_fails_only_its_step_and_the_server_serves_on(
         srv.stop()
 
 
+@pytest.mark.slow  # starts a server of its own
 def test_repeated_step_failures_end_the_engine_and_the_server_exits_non_zero(
     tiny_model_dir, tmp_path
 ):
@@ -250,6 +252,7 @@ def test_repeated_step_failures_end_the_engine_and_the_server_exits_non_zero(
         srv.stop()
 
 
+@pytest.mark.slow  # starts a server of its own
 def test_a_wedged_step_is_declared_dead_after_the_stall_timeout(tiny_model_dir, tmp_path):
     fault = tmp_path / "fault"
     srv = start_server(tiny_model_dir, fault, "--engine-stall-timeout", "2")

@@ -39,6 +39,7 @@ WORK = {"prompt": [1, 2, 3], "max_tokens": 500, "n": 8, "ignore_eos": True}
 ENGINE_ARGS = ["--num-gpu-blocks-override", "256", "--max-model-len", "512", "--max-num-seqs", "1"]
 
 
+@pytest.mark.slow  # starts a server of its own
 def test_sigkilling_the_api_server_mid_stream_takes_the_engine_with_it(tiny_model_dir):
     srv = Server([tiny_model_dir("llama"), *ENGINE_ARGS])
     engine = None
@@ -101,6 +102,7 @@ if __name__ == "__main__":  # the engine is spawned: it imports this file again
 
 
 @pytest.mark.parametrize("state", ["busy", "idle"])
+@pytest.mark.slow  # starts a server of its own
 def test_an_engine_spawned_off_the_main_thread_still_dies_with_its_server(
     tiny_model_dir, tmp_path, state
 ):

@@ -20,6 +20,8 @@ from server_helper import Server
 sys.path.insert(0, str(Path(__file__).parent.parent / "structured"))
 from slow_grammars import HOSTNAME_LIKE  # noqa: E402
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 TIMEOUT = 0.5  # --grammar-compile-timeout; HOSTNAME_LIKE takes about 1.6 s to compile
 ANSWER_WITHIN = TIMEOUT + 5.0  # seconds: the bound, the engine's poll and HTTP on 2 busy cores
 

@@ -17,6 +17,8 @@ from model_helpers import make_prompts
 from router_helper import router
 from server_helper import Server, children, metric
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "512"]
 ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
 POLICIES = ["round-robin", "least-load", "cache-aware"]

@@ -16,6 +16,8 @@ from model_helpers import make_prompts
 from router_helper import KV_ENV, router
 from server_helper import Server, metric
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["--dtype", "float32", "--num-gpu-blocks-override", "256", "--max-model-len", "512"]
 CPU = ["--device", "cpu", "--cpu-threads", "1"]
 NUM_GPUS = torch.cuda.device_count()

@@ -31,6 +31,8 @@ from server_helper import Server
 from cadence.channel_auth import keys_from_secret, make_client
 from cadence.kv_transfer.params import sign
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["--device", "cpu", "--cpu-threads", "1", "--dtype", "float32"]
 ARGS += ["--num-gpu-blocks-override", "256", "--max-model-len", "512"]
 

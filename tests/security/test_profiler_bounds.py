@@ -22,6 +22,8 @@ import pytest
 from model_helpers import make_prompts
 from server_helper import API_KEY, Server
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ADMIN_KEY = "operator-key-456"
 USER = {"Authorization": f"Bearer {API_KEY}"}
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

@@ -30,6 +30,8 @@ from attack_helpers import (
 from model_helpers import make_prompts
 from server_helper import Server
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["-tp", "2", "--device", "cpu", "--dtype", "float32", "--max-model-len", "256"]
 ARGS += ["--num-gpu-blocks-override", "64"]
 

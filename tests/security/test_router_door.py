@@ -25,6 +25,8 @@ from attack_helpers import process_tree
 from model_helpers import make_prompts
 from server_helper import API_KEY, Server, children
 
+pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
+
 ARGS = ["--device", "cpu", "--dtype", "float32", "--num-gpu-blocks-override", "256"]
 ARGS += ["--max-model-len", "512", "--cpu-threads", "1"]
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

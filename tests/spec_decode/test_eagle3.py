@@ -91,7 +91,7 @@ def test_proposals_follow_the_public_format(tiny_model_dir, hf_model, tmp_path):
         dtype="float32",
         speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": K},
     )
-    assert llm.engine.runner.model.aux_layer_ids == (0, 1, 1)  # from eagle_config
+    assert llm.engine.runner.driver.model.aux_layer_ids == (0, 1, 1)  # from eagle_config
     prompt = make_prompts(512, [21], seed=5)[0]
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.engine.add_request("r", prompt, params)
@@ -124,4 +124,8 @@ def test_default_layers_when_the_config_names_none(tiny_model_dir, tmp_path):
     (tmp_path / "head" / "config.json").write_text(json.dumps(cfg))
     spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 2}
     llm = LLM(tiny_model_dir("llama"), dtype="float32", speculative_config=spec)
-    assert llm.engine.runner.model.aux_layer_ids == (0, 1, 1)  # 2 layers: first, middle, last
+    assert llm.engine.runner.driver.model.aux_layer_ids == (
+        0,
+        1,
+        1,
+    )  # 2 layers: first, middle, last

@@ -50,12 +50,12 @@ def test_float32_greedy_equals_transformers(method, tiny_model_dir, hf_model, tm
     assert [o.outputs[0].token_ids for o in outs] == [
         hf_greedy(model, p, NEW_TOKENS) for p in prompts()
     ]
-    runner = llm.engine.runner
+    runner = llm.engine.runner.driver
     stats = llm.engine.scheduler.spec_stats
     assert stats.num_verifications > 0
     assert runner.mixed_graphs.num_replays > 0  # verify steps replayed graphs
     if method != "ngram":  # the proposer's own steps replayed graphs too
-        proposer = runner.spec.proposer
+        proposer = runner.drafter.proposer
         assert proposer.graphs.num_replays > 0 and proposer.mixed.num_replays > 0
     if method == "identical_draft":
         assert stats.num_accepted_tokens == stats.num_draft_tokens

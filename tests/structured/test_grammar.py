@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 from schema_cases import SCHEMA_CASES
+from schema_instances import INSTANCES
 
 from cadence.sampling_params import SamplingParams
 from cadence.sampling_params import StructuredOutputsParams as S
@@ -15,9 +19,47 @@ from cadence.structured.grammar import (
 )
 
 
+def accepts(grammar, text: str) -> bool:
+    """Whether the grammar lets a generation produce exactly `text` and stop there."""
+    import xgrammar as xgr
+
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+    matcher = xgr.GrammarMatcher(
+        compiler.compile_grammar(grammar), terminate_without_stop_token=True
+    )
+    return matcher.accept_string(text) and matcher.is_terminated()
+
+
+def test_every_schema_case_has_instances():
+    assert set(INSTANCES) == {name for name, _, _ in SCHEMA_CASES}
+
+
 @pytest.mark.parametrize("case", SCHEMA_CASES, ids=[c[0] for c in SCHEMA_CASES])
-def test_every_test_schema_is_accepted(case):
-    to_grammar(S(json=case[2]))
+def test_each_schema_grammar_accepts_a_valid_instance_and_rejects_a_violating_one(case):
+    name, _, schema = case
+    good, bad = INSTANCES[name]
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    validator = jsonschema.Draft202012Validator(schema, format_checker=checker)
+    assert validator.is_valid(good) and not validator.is_valid(bad)  # the instances are right
+    grammar = to_grammar(S(json=schema))
+    assert accepts(grammar, json.dumps(good)), f"{name}: a valid instance is refused"
+    assert not accepts(grammar, json.dumps(bad)), f"{name}: a violating instance passes"
+    assert not accepts(grammar, json.dumps(good)[:-1]), f"{name}: a cut-off text passes"
+
+
+@pytest.mark.parametrize(
+    ("params", "good", "bad"),
+    [
+        (S(regex=r"[0-9]{3}-[a-z]+"), "123-abc", "12-abc"),
+        (S(choice=["yes", "no"]), "no", "maybe"),
+        (S(grammar='root ::= "a" ("b" | "c")*'), "abcb", "abd"),
+        (S(json_object=True), '{"k": [1, 2]}', "[1, 2]"),
+    ],
+)
+def test_regex_choice_grammar_and_json_object_accept_and_reject(params, good, bad):
+    grammar = to_grammar(params)
+    assert accepts(grammar, good)
+    assert not accepts(grammar, bad)
 
 
 def test_schema_may_be_given_as_json_text():

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cadence.layers import cpu_ops
+from cadence.ops import cpu_ops
 
 CHILD = r"""
 import json, os, sys, torch

@@ -40,10 +40,10 @@ def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf
         async_scheduling=False,
         cuda_graph_prefill=True,
     )
-    assert llm.engine.runner.backend.name == "triton"
+    assert llm.engine.runner.driver.backend.name == "triton"
     assert generate(llm, prompts) == expected
-    assert llm.engine.runner.graphs.num_replays > 0  # decode steps replayed graphs
-    assert llm.engine.runner.mixed_graphs.num_replays > 0  # and prefill steps theirs
+    assert llm.engine.runner.driver.graphs.num_replays > 0  # decode steps replayed graphs
+    assert llm.engine.runner.driver.mixed_graphs.num_replays > 0  # and prefill steps theirs
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
@@ -53,9 +53,12 @@ def test_graph_replay_gives_the_same_tokens_as_eager(kind, tiny_model_dir):
     kw = dict(device="cuda", dtype="bfloat16", num_gpu_blocks_override=512)
     graphs = LLM(path, cuda_graph_prefill=True, **kw)
     eager = LLM(path, enforce_eager=True, cuda_graph_prefill=True, **kw)
-    assert eager.engine.runner.graphs is None and eager.engine.runner.mixed_graphs is None
+    assert (
+        eager.engine.runner.driver.graphs is None
+        and eager.engine.runner.driver.mixed_graphs is None
+    )
     assert generate(graphs, prompts) == generate(eager, prompts)
-    assert graphs.engine.runner.mixed_graphs.num_replays > 0
+    assert graphs.engine.runner.driver.mixed_graphs.num_replays > 0
 
 
 @pytest.mark.parametrize("kind", ARCHS)
@@ -84,7 +87,7 @@ def test_memory_profile_sizes_the_pool_from_the_utilization(tiny_model_dir):
     for util in (0.05, 0.10):
         llm = LLM(path, device="cuda", dtype="bfloat16", gpu_memory_utilization=util)
         blocks[util] = llm.engine.runner.num_blocks
-        per_block = llm.engine.runner._kv_bytes_per_block()
+        per_block = llm.engine.runner.driver._kv_bytes_per_block()
         del llm
         gc.collect()
         torch.cuda.empty_cache()
@@ -109,8 +112,8 @@ def test_async_scheduling_by_default_with_graphs_equals_transformers(
     )
     assert llm.config.scheduler.async_scheduling  # the default on CUDA
     assert generate(llm, prompts) == expected
-    assert llm.engine.runner.graphs.num_replays > 0
-    assert llm.engine.runner.mixed_graphs is None  # off by default
+    assert llm.engine.runner.driver.graphs.num_replays > 0
+    assert llm.engine.runner.driver.mixed_graphs is None  # off by default
 
 
 # A model with 4096 positions: contexts past split_min_context (1024) replay the split-KV
@@ -125,7 +128,7 @@ def test_long_prompts_with_split_kv_graphs_equal_transformers(tiny_model_dir, hf
     llm = LLM(path, device="cuda", dtype="float32", num_gpu_blocks_override=1024)
     assert generate(llm, prompts[:1]) == expected[:1]
     assert generate(llm, prompts) == expected
-    assert llm.engine.runner.graphs.num_split_replays > 0
+    assert llm.engine.runner.driver.graphs.num_split_replays > 0
 
 
 def test_long_prompts_split_kv_graphs_equal_eager(tiny_model_dir):
@@ -135,7 +138,7 @@ def test_long_prompts_split_kv_graphs_equal_eager(tiny_model_dir):
     graphs = LLM(path, **kw)
     eager = LLM(path, enforce_eager=True, **kw)
     assert generate(graphs, prompts) == generate(eager, prompts)
-    assert graphs.engine.runner.graphs.num_split_replays > 0
+    assert graphs.engine.runner.driver.graphs.num_split_replays > 0
 
 
 def test_mixed_step_graphs_with_a_small_token_budget_equal_transformers(tiny_model_dir, hf_model):
@@ -152,6 +155,6 @@ def test_mixed_step_graphs_with_a_small_token_budget_equal_transformers(tiny_mod
         max_num_batched_tokens=24,
         cuda_graph_prefill=True,
     )
-    assert llm.engine.runner.mixed_graphs.sizes == [16, 24]
+    assert llm.engine.runner.driver.mixed_graphs.sizes == [16, 24]
     assert generate(llm, prompts) == expected
-    assert llm.engine.runner.mixed_graphs.num_replays > 0
+    assert llm.engine.runner.driver.mixed_graphs.num_replays > 0

@@ -30,7 +30,7 @@ expected = [hf_greedy(model, p, 5) for p in prompts]
 # A budget of 8 tokens: prefill chunks and decodes share steps.
 llm = LLM(path, dtype="float32", attention_backend="triton", num_gpu_blocks_override=64,
           max_num_batched_tokens=8)
-assert llm.engine.runner.backend.name == "triton"
+assert llm.engine.runner.driver.backend.name == "triton"
 outs = llm.generate([{{"prompt_token_ids": p}} for p in prompts],
                     SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
 got = [o.outputs[0].token_ids for o in outs]
@@ -57,7 +57,7 @@ expected = [hf_greedy(model, p, 4) for p in prompts]
 llm = LLM(path, dtype="float32", attention_backend="triton", num_gpu_blocks_override=120,
           max_num_batched_tokens=512)
 splits = []
-backend = llm.engine.runner.backend
+backend = llm.engine.runner.driver.backend
 build = backend.build
 backend.build = lambda meta: splits.append(build(meta).backend_data.split_req.numel()) or meta
 params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.layers.fused import gdc_wait, pdl
+from cadence.ops.fused import gdc_wait, pdl
 
 # Launch settings, module constants so a sweep can set them (benchmarks/kernel_sweep.py).
 # On an H200 at Llama-3.1-8B's shapes the plain gemv measured (alone, CUDA graph replay):

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cadence.layers import cpu_ops
 from cadence.layers.activation import SiluAndMul
 from cadence.layers.norm import RMSNorm
 from cadence.layers.rotary import _rotate_half
+from cadence.ops import cpu_ops
 
 pytestmark = pytest.mark.skipif(
     cpu_ops.ops() is None, reason="the CPU kernels did not build (no C++ compiler here)"

@@ -1,5 +1,5 @@
-"""The fused Triton kernels of cadence/layers/fused.py, and the batch-1 gemv of
-cadence/layers/gemv.py, equal the PyTorch layers they replace.
+"""The fused Triton kernels of cadence/ops/fused.py, and the batch-1 gemv of
+cadence/ops/gemv.py, equal the PyTorch layers they replace.
 
 On a CPU they run through Triton's interpreter, in a child process (TRITON_INTERPRET must
 be set before triton is imported, and this process may have imported it already)."""
@@ -17,10 +17,10 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 
 def check_all(device: str) -> None:
-    from cadence.layers import fused
     from cadence.layers.activation import SiluAndMul
     from cadence.layers.norm import RMSNorm
     from cadence.layers.rotary import _rotate_half
+    from cadence.ops import fused
 
     torch.manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
@@ -62,7 +62,7 @@ def check_all(device: str) -> None:
         assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
         # gemv: one row through a linear layer; K not a multiple of the tile, N not of the
         # row block (masked edges), with and without a bias.
-        from cadence.layers.gemv import gemv, rms_norm_gemv, silu_mul_gemv
+        from cadence.ops.gemv import gemv, rms_norm_gemv, silu_mul_gemv
 
         for n, k, bias in ((40, 1100, True), (16, 64, False)):
             layer = torch.nn.Linear(k, n, bias=bias).to(device, dtype)

@@ -1,0 +1,133 @@
+"""vLLM's bet: the prefix cache as a map from chained block hashes to blocks.
+
+Block hashes chain: hash(block i) = sha256(hash(block i-1) || token ids of block i || extra),
+so one hash names a whole prefix, and equal hashes mean equal prefixes. A request's hashes
+are computed as its tokens arrive (`Request.block_hashes`, by `make_block_hasher`).
+
+A freed block stays in the pool's free queue and keeps its hash: a hit revives it, and
+reusing it for other data (the free queue's head first, so least recently freed first)
+evicts it. One block per hash: a second block computing the same prefix stays private.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from cadence.core.block import KVBlock
+from cadence.core.prefix_cache import PrefixCache
+from cadence.core.request import Request
+
+NONE_HASH = b"\x00" * 32
+
+
+def hash_block_tokens(
+    parent_hash: bytes | None, token_ids: Sequence[int], extra: bytes = b""
+) -> bytes:
+    """A stable (process-independent) hash of a full block and everything before it."""
+    h = hashlib.sha256(parent_hash or NONE_HASH)
+    h.update(np.asarray(token_ids, dtype=np.int64).tobytes())
+    if extra:
+        h.update(extra)
+    return h.digest()
+
+
+def make_block_hasher(block_size: int, extra: bytes = b""):
+    """Returns f(request) -> hashes of the request's full blocks not yet hashed."""
+
+    def hasher(request: Request) -> list[bytes]:
+        done = len(request.block_hashes)
+        parent = request.block_hashes[-1] if done else None
+        new: list[bytes] = []
+        start = done * block_size
+        tokens = request.all_token_ids
+        while start + block_size <= len(tokens):
+            parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
+            new.append(parent)
+            start += block_size
+        return new
+
+    return hasher
+
+
+class HashPrefixCache(PrefixCache):
+    kind = "hash"
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.block_hasher = make_block_hasher(block_size)
+        self.cached: dict[bytes, KVBlock] = {}
+        self._num_evictions = 0
+        self._num_cached_free = 0  # blocks in the free queue that keep a hash
+
+    num_evictable = 0  # its free blocks all sit in the pool's free queue
+
+    @property
+    def num_cached_free(self) -> int:
+        return self._num_cached_free
+
+    @property
+    def num_evictions(self) -> int:
+        return self._num_evictions
+
+    def lookup(self, block_hash: bytes) -> KVBlock | None:
+        return self.cached.get(block_hash)
+
+    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def insert(
+        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+    ) -> int:
+        # Blocks whose tokens are all known get their hash now. Their K/V is written by this
+        # step's forward before any attention reads it, so a hit in the same step (a
+        # sibling sample, say) is safe.
+        num_full = min(num_tokens // self.block_size, len(request.block_hashes))
+        for i in range(start, num_full):
+            self.cache_block(blocks[i], request.block_hashes[i])
+        return max(start, num_full)
+
+    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
+        if block.block_hash is not None:
+            return  # already names its prefix (a hit, or cached earlier)
+        if block_hash in self.cached:
+            return  # another block already holds this prefix; this one stays private
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def on_reference(self, block: KVBlock) -> bool:
+        self._num_cached_free -= block.block_hash is not None
+        return False
+
+    def on_release(self, block: KVBlock) -> bool:
+        self._num_cached_free += block.block_hash is not None
+        return False
+
+    def on_reuse(self, block: KVBlock) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+            self._num_evictions += 1
+            self._num_cached_free -= 1
+
+    def reset(self) -> list[KVBlock]:
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()
+        self._num_cached_free = 0
+        return []
+
+    def check_integrity(self, blocks: list[KVBlock], in_queue: set[int]) -> None:
+        hashed = sum(blocks[i].block_hash is not None for i in in_queue)
+        assert hashed == self._num_cached_free, (hashed, self._num_cached_free)
+        for h, b in self.cached.items():
+            assert b.block_hash == h, f"cache maps a hash to {b}, which holds another"

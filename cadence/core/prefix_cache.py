@@ -1,0 +1,107 @@
+"""The prefix cache seam: which blocks hold the K/V of which token prefix.
+
+The block pool (block_pool.py) and the KV manager (kv_cache.py) talk to a cache only
+through `PrefixCache`; they never ask which kind it is.
+
+    NoPrefixCache      --no-enable-prefix-caching: nothing is ever found
+    HashPrefixCache    vLLM's bet (hash_prefix_cache.py): a map from chained block hashes;
+                       a freed block stays in the pool's free queue and keeps its hash until
+                       it is reused, so the free queue's order is the eviction order (LRU)
+    RadixPrefixCache   SGLang's bet (radix_cache.py): a radix tree of token blocks that keeps
+                       its unreferenced blocks out of the free queue and evicts them leaf
+                       first, in the order of a pluggable `EvictionPolicy` (LRU or LFU)
+
+Events, from the pool:
+    on_reference(block)  an unreferenced block is taken again (a hit): True if the cache
+                         held it outside the free queue (else the pool takes it off the queue)
+    on_release(block)    a block lost its last reference: True if the cache keeps it outside
+                         the free queue (else it joins the queue's tail)
+    on_reuse(block)      a block leaves the free queue to hold new data: forget its prefix
+    evict(n)             the free queue runs short: up to n blocks the cache lets go of
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+
+from cadence.core.block import KVBlock
+from cadence.core.request import Request
+
+
+class PrefixCache(ABC):
+    kind = "off"
+    # Requests' block hashes (Request.block_hashes), where this cache keys by them.
+    block_hasher: Callable[[Request], list[bytes]] | None = None
+
+    @property
+    @abstractmethod
+    def num_evictable(self) -> int:
+        """Unreferenced blocks the cache holds outside the free queue (they count as free)."""
+
+    @property
+    @abstractmethod
+    def num_cached_free(self) -> int:
+        """Free blocks that still hold a cached prefix (reusable on a hit, evictable)."""
+
+    @property
+    @abstractmethod
+    def num_evictions(self) -> int:
+        """Cached blocks given up for other data, since start."""
+
+    @abstractmethod
+    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+        """Blocks of the request's longest cached prefix, at most `max_blocks`. `touch`:
+        count it as a use (eviction order); False only peeks."""
+
+    @abstractmethod
+    def insert(
+        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+    ) -> int:
+        """Name the request's full blocks among its first `num_tokens` tokens (their K/V is,
+        or is being, written); blocks before `start` were named earlier. Returns the number
+        of leading blocks named now (the next call's `start`)."""
+
+    def on_reference(self, block: KVBlock) -> bool:
+        return False
+
+    def on_release(self, block: KVBlock) -> bool:
+        return False
+
+    def on_reuse(self, block: KVBlock) -> None:
+        return None
+
+    def evict(self, num_blocks: int) -> list[KVBlock]:
+        return []
+
+    def holds(self, block: KVBlock) -> bool:
+        """Whether the cache holds the block outside the free queue."""
+        return False
+
+    @abstractmethod
+    def reset(self) -> list[KVBlock]:
+        """Forget every prefix (no block is referenced); returns the blocks it held outside
+        the free queue, for the pool to put back."""
+
+    def check_integrity(self, blocks: list[KVBlock], in_queue: set[int]) -> None:
+        """Raise AssertionError if the cache's own accounting is inconsistent."""
+        return None
+
+
+class NoPrefixCache(PrefixCache):
+    """Prefix caching off: every request computes its whole prompt."""
+
+    num_evictable = 0
+    num_cached_free = 0
+    num_evictions = 0
+
+    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+        return []
+
+    def insert(
+        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+    ) -> int:
+        return start
+
+    def reset(self) -> list[KVBlock]:
+        return []
