@@ -10,9 +10,8 @@ import threading
 import time
 
 import httpx
-from server_helper import Server
-
 import pytest
+from server_helper import Server
 
 pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
 

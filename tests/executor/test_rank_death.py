@@ -12,10 +12,9 @@ import textwrap
 import time
 
 import httpx
+import pytest
 from server_helper import Server, children
 from tp_helpers import save_tiny_with_tokenizer
-
-import pytest
 
 pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
 
