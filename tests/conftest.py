@@ -21,16 +21,26 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    """tiny_model_dir(kind) -> path of a saved random model of that architecture."""
+    """tiny_model_dir(kind) -> path of a saved random model of that architecture. Built once
+    per run: under pytest-xdist the workers share one folder (the first builds, under a
+    lock; the weights are seeded by the kind, so every build is the same)."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above each worker's own
     cache: dict[str, str] = {}
 
     def make(kind: str) -> str:
         if kind not in cache:
-            config, cls = build_tiny(kind)
-            torch.manual_seed(zlib.crc32(kind.encode()))  # stable across processes
-            model = cls(config).eval()
-            path = tmp_path_factory.mktemp(f"tiny-{kind}")
-            model.save_pretrained(path)
+            path = shared / f"tiny-model-{kind}"
+            with FileLock(str(path) + ".lock"):
+                done = path / ".complete"
+                if not done.exists():
+                    config, cls = build_tiny(kind)
+                    torch.manual_seed(zlib.crc32(kind.encode()))  # stable across processes
+                    cls(config).eval().save_pretrained(path)
+                    done.touch()
             cache[kind] = str(path)
         return cache[kind]
 

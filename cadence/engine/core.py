@@ -31,9 +31,10 @@ from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
 from cadence.engine import step_timeline as tl
+from cadence.engine.request_checks import RequestChecks
 from cadence.executor import make_executor
 from cadence.kv_transfer import make_connector
-from cadence.kv_transfer.params import check_kv_transfer_params, prefill_addrs
+from cadence.kv_transfer.params import prefill_addrs
 from cadence.platform import device_type
 from cadence.sampling_params import SamplingParams
 from cadence.structured.gate import GrammarGate
@@ -76,10 +77,12 @@ class EngineCore:
         self.kv_connector = make_connector(config, self.runner.kv_caches)
         remote = RemotePrefills(self.kv_connector, self.kv) if self.kv_connector.role else None
         self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens, remote)
-        self._prefill_addrs = prefill_addrs(config.kv_prefill_addrs)
         self._hasher = self.kv.block_hasher
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
+        self.checks = RequestChecks(
+            self.max_model_len, self.vocab_size, prefill_addrs(config.kv_prefill_addrs)
+        )
         sc = config.structured
         self.grammars = GrammarManager(
             None
@@ -99,7 +102,7 @@ class EngineCore:
         self._touched: list = []
         self._stale_in_runner: list[str] = []  # rows the runner drops next step (fail_step)
         self.timeline = tl.StepTimeline(config.step_timeline_size)
-        cache_kind = cache.prefix_cache if cache.enable_prefix_caching else "off"
+        cache_kind = self.kv.cache.kind
         if config.speculative is not None:
             logger.info("speculative decoding: %s", config.speculative.describe())
         logger.info(
@@ -119,23 +122,7 @@ class EngineCore:
         priority: int = 0,
     ) -> Request:
         """Validate and queue one sequence. Raises ValueError naming the problem."""
-        params.verify(self.vocab_size)
-        check_kv_transfer_params(params.kv_transfer_params, self._prefill_addrs)
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty")
-        n = len(prompt_token_ids)
-        if n >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {n} tokens; this model's context holds {self.max_model_len} "
-                "(prompt + at least one new token)"
-            )
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        if params.max_tokens is None:
-            params.max_tokens = self.max_model_len - n
+        self.checks.check(prompt_token_ids, params)
         req = Request(
             request_id,
             prompt_token_ids,

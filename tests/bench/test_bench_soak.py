@@ -68,8 +68,9 @@ def test_duration_keeps_every_client_busy_until_the_time_is_up(stub, stub_url, t
 
 
 def test_hangups_cut_streams_and_plain_requests_mid_answer(stub, stub_url, tmp_path):
-    # 1.05 s to answer each: every cut (1-2 tokens, or 50-500 ms) comes before the end
-    items = [{"prompt": f"ttft=50 itl=200 h{i}", "max_tokens": 6} for i in range(20)]
+    # 2.05 s to answer each: every cut (1-2 tokens, or 50-500 ms) comes well before the end,
+    # even on a machine busy with other tests
+    items = [{"prompt": f"ttft=50 itl=400 h{i}", "max_tokens": 6} for i in range(20)]
     rc, result = soak(
         stub_url, tmp_path, items, "--hangup-fraction", "1", "--max-concurrency", "20"
     )
@@ -88,7 +89,7 @@ def test_hangups_cut_streams_and_plain_requests_mid_answer(stub, stub_url, tmp_p
     assert stub.cut_streams > 0 and stub.cut_plain > 0
     plain = [b for b in stub.bodies if b["stream"] is False]
     assert len(plain) == stub.cut_plain and all("stream_options" not in b for b in plain)
-    assert run["summary"]["duration"] < 1.0  # nobody waited for a whole answer
+    assert run["summary"]["duration"] < 2.0  # nobody waited for a whole answer
 
 
 def test_a_hangup_due_after_the_answer_counts_as_late(stub, stub_url, tmp_path):

@@ -145,12 +145,19 @@ def test_the_engine_view_moves_under_load(page, server):
                 break
             page.wait_for_timeout(250)
     finally:
-        _, err = load.communicate(timeout=300)
-    assert load.returncode == 0, err.decode()[-2000:]
-    assert saw["rows"] >= 2 and saw["running"] >= 2 and saw["gen_tps"] > 0, saw
-    page.wait_for_timeout(1500)  # one more poll after the load
+        stopped = load.poll() is None
+        if stopped:  # seen what the view must show: the rest of the load adds nothing
+            load.terminate()
+        _, err = load.communicate(timeout=60)
+    assert saw["rows"] >= 2 and saw["running"] >= 2 and saw["gen_tps"] > 0, (
+        saw,
+        err.decode()[-2000:],
+    )
+    if not stopped:
+        assert load.returncode == 0, err.decode()[-2000:]
+    # The client's hang-ups end its requests: the view drains to 0 running.
+    wait_until(page, lambda: read_int(page, "#stat-running") == 0, what="the load to drain")
     assert read_int(page, "#stat-steps") > steps0
-    assert page.inner_text("#stat-running") == "0"
 
 
 def test_nothing_left_the_machine_and_no_script_failed(page, server):
