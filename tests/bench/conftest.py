@@ -59,6 +59,7 @@ class Stub:
     max_in_flight: int = 0
     cut_streams: int = 0  # streamed answers the client hung up on
     cut_plain: int = 0  # non-streamed answers the client hung up on
+    answered: int = 0  # answers sent in full (streamed to their end, or returned whole)
     invalid_seen: int = 0
     invalid_answer: str = "openai"
     health_status: int = 200
@@ -70,6 +71,7 @@ class Stub:
         self.max_in_flight = 0
         self.cut_streams = 0
         self.cut_plain = 0
+        self.answered = 0
         self.invalid_seen = 0
         self.invalid_answer = "openai"
         self.health_status = 200
@@ -153,7 +155,9 @@ def make_stub_app(stub: Stub):
             ended = True
         finally:
             stub.in_flight -= 1
-            if not ended:
+            if ended:
+                stub.answered += 1
+            else:
                 stub.cut_streams += 1
 
     def refuse(message: str, status: int = 400):
@@ -193,6 +197,7 @@ def make_stub_app(stub: Stub):
                 return JSONResponse({}, status_code=499)
             await asyncio.sleep(0.01)
         text = "".join(f"t{i} " for i in range(n))
+        stub.answered += 1
         choice = {"index": 0, "finish_reason": "length"}
         choice.update(
             {"message": {"role": "assistant", "content": text}} if chat else {"text": text}

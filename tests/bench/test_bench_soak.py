@@ -81,11 +81,17 @@ def test_hangups_cut_streams_and_plain_requests_mid_answer(stub, stub_url, tmp_p
     assert (tally["hangups"], tally["hangups_late"]) == (20, 0)
     assert run["soak"]["errors_by_kind"] == {}
     assert run["requests"] == [] and run["summary"]["completed"] == 0
-    # the server saw every answer cut, streamed and not
-    assert wait_for(lambda: stub.cut_streams + stub.cut_plain == 20), (
+    # The server saw answers cut, streamed and not, and sent none in full. (A cut the server
+    # cannot see, on a busy machine: a stream hung up on before its first chunk was made,
+    # or a request cut before it arrived; the client counted every one, above.)
+    assert wait_for(lambda: stub.cut_streams + stub.cut_plain >= 15), (
         stub.cut_streams,
         stub.cut_plain,
     )
+    # Let every request that reached the server end, cut or answered (bounded), then: none
+    # was answered in full.
+    wait_for(lambda: stub.cut_streams + stub.cut_plain + stub.answered >= len(stub.bodies))
+    assert stub.answered == 0
     assert stub.cut_streams > 0 and stub.cut_plain > 0
     plain = [b for b in stub.bodies if b["stream"] is False]
     assert len(plain) == stub.cut_plain and all("stream_options" not in b for b in plain)
