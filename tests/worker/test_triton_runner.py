@@ -70,7 +70,15 @@ assert max(splits) >= 1, splits
 """
 
 
-@pytest.mark.parametrize("script", [CHECK, LONG_CHECK], ids=["mixed", "long_split_kv"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        CHECK,
+        # a 1,300-token prompt through Triton's interpreter: the slowest engine test
+        pytest.param(LONG_CHECK, marks=pytest.mark.slow),
+    ],
+    ids=["mixed", "long_split_kv"],
+)
 def test_triton_backend_in_the_engine_under_the_interpreter(script):
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -55,6 +55,7 @@ print(json.dumps({{
 """
 
 
+@pytest.mark.slow  # a whole engine and workload under Triton's interpreter (over a minute)
 def test_no_kernel_variant_appears_after_warm_up():
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
