@@ -97,7 +97,10 @@ def test_a_compile_past_the_timeout_fails_its_requests_and_others_still_compile(
     manager.submit("slow-1", S(json=slow))
     manager.submit("slow-2", S(json=slow))  # same grammar: waits on the same compile
     errors = wait_failed(manager, {"slow-1", "slow-2"}, seconds=30)
-    assert time.monotonic() - t0 < 0.25 + 0.5  # cut off at the bound, not at the compile's end
+    # Cut off at the bound, not at the compile's end: that compile is still running. (No
+    # tight clock bound: on a busy machine the poll itself may come late.)
+    assert manager.num_abandoned == 1
+    assert time.monotonic() - t0 < 0.25 + 5
     for message in errors.values():
         assert "did not compile within 0.25 s" in message
         assert "--grammar-compile-timeout" in message
