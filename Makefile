@@ -26,13 +26,13 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 # Every test, one worker per core (a test file stays on one worker, so its fixtures are
-# built once).
+# built once), files in collection order: tests/conftest.py puts the slow ones first.
 test: lint browser
-	$(PY) -m pytest -q -n auto --dist loadfile $(ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder $(ARGS)
 
 # The inner loop: everything but the tests that start servers of their own (marked slow).
 test-fast: setup
-	$(PY) -m pytest -q -n auto --dist loadfile -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder -m "not slow" $(ARGS)
 
 # Debian's Chromium, for the web UI's browser test (driven by Playwright, no download).
 browser:

@@ -92,7 +92,8 @@ class ParallelConfig:
     # Internal: the port rank 0 listens on for torch.distributed's rendezvous (0: any).
     distributed_init_port: int = 0  # the TCP port of torch.distributed's rendezvous
     # A CPU engine's intra-op threads (None: one per core it may run on) and, in the
-    # engine process of `cadence serve`, each pinned to one core (cadence/worker/cpu_threads.py).
+    # engine process of `cadence serve`, each pinned to one core when the pool takes every
+    # core of the process's affinity mask (cadence/worker/cpu_threads.py).
     cpu_threads: int | None = None  # intra-op threads of a CPU engine (none: one per core)
     cpu_bind_threads: bool = True  # pin a served CPU engine's threads, one to a core
 

@@ -16,7 +16,9 @@ from server_helper import API_KEY, Server
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Under pytest-xdist (make test) the cores are shared between the workers.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(_THREADS)
+os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # the scripts tests run as children
 
 
 @pytest.fixture(scope="session")
@@ -114,3 +116,13 @@ def client(server):
 @pytest.fixture(scope="session")
 def model_name(http):
     return http.get("/v1/models").json()["data"][0]["id"]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with slow tests run first. Under `--dist loadfile --no-loadscope-reorder` (make
+    test) a file goes whole to the next free worker, in collection order: a long file
+    collected last would end the run on one core while the other idles (longest first is
+    the classic fix for that tail; xdist's own reorder puts the files with most tests first,
+    which are the quick unit tests)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept within

@@ -38,10 +38,21 @@ def children(pid: int) -> list[tuple[int, bytes]]:
     return out
 
 
+def engine_threads() -> list[str]:
+    """Under pytest-xdist the workers share the cores: a served engine takes its worker's
+    share of them (an engine on every core, beside another worker's, would contend)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return []
+    return ["--cpu-threads", str(max(1, len(os.sched_getaffinity(0)) // workers))]
+
+
 class Server:
     def __init__(self, args: list[str], env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if "--cpu-threads" not in args:
+            args = [*args, *engine_threads()]
         cmd = [sys.executable, "-m", "cadence.cli.main", "serve", "--port", str(self.port), *args]
         # CADENCE_TEST_SERVER_LOG=1 shows the server's log in the test output.
         self.log = None if os.environ.get("CADENCE_TEST_SERVER_LOG") else subprocess.DEVNULL

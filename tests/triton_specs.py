@@ -56,7 +56,11 @@ class SpecRecorder:
         self.keys: set[tuple] = set()
         self.launches: dict[str, int] = {}  # kernel name -> launches
 
-    def install(self) -> SpecRecorder:
+    def install(self, execute: bool = True) -> SpecRecorder:
+        """Patch the interpreter. With `execute=False` a launch is recorded and not run: the
+        keys depend only on the launch's arguments (dtypes, alignment, sizes, constexprs),
+        never on what earlier kernels computed, so a test about variants can skip the
+        interpreter's slow arithmetic."""
         from triton.runtime.interpreter import InterpretedFunction
 
         original = InterpretedFunction.run
@@ -66,7 +70,9 @@ class SpecRecorder:
             recorder.keys.add(spec_key(fn, args, kwargs))
             name = fn.fn.__name__
             recorder.launches[name] = recorder.launches.get(name, 0) + 1
-            return original(fn, *args, grid=grid, warmup=warmup, **kwargs)
+            if execute:
+                return original(fn, *args, grid=grid, warmup=warmup, **kwargs)
+            return None
 
         InterpretedFunction.run = run
         return self

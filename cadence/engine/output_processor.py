@@ -50,7 +50,13 @@ def sample_params(params: SamplingParams) -> list[SamplingParams]:
 
 
 class IncrementalDetokenizer:
-    """Decodes a growing list of token ids into text, emitting only complete characters."""
+    """Decodes a growing list of token ids into text, emitting only complete characters.
+
+    Tokens up to `read_offset` have been emitted as text; the ones after it are pending (they
+    end inside a character: a byte-level tokenizer spells an emoji in several tokens)."""
+
+    # A UTF-8 character is at most 4 bytes: the most byte tokens that can end inside one.
+    _MAX_PARTIAL_TOKENS = 4
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool) -> None:
         self.tokenizer = tokenizer
@@ -59,21 +65,35 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = len(self.tokens)
 
+    def _decode(self, end: int) -> str:
+        ids = self.tokens[self.prefix_offset : end]
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
+
     def push(self, new_ids: list[int]) -> str:
+        """The text the new tokens complete. A step may bring several tokens (speculation):
+        the longest run of them that ends on a whole character is emitted, the rest waits."""
         if self.tokenizer is None:
             return ""
         self.tokens.extend(new_ids)
-        decode = self.tokenizer.decode
-        before = decode(
-            self.tokens[self.prefix_offset : self.read_offset],
-            skip_special_tokens=self.skip_special,
-        )
-        after = decode(self.tokens[self.prefix_offset :], skip_special_tokens=self.skip_special)
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self.prefix_offset = self.read_offset
-            self.read_offset = len(self.tokens)
-            return after[len(before) :]
-        return ""  # an incomplete UTF-8 sequence: wait for the next token
+        before = self._decode(self.read_offset)
+        lowest = max(self.read_offset, len(self.tokens) - self._MAX_PARTIAL_TOKENS)
+        for end in range(len(self.tokens), lowest, -1):
+            after = self._decode(end)
+            if len(after) > len(before) and not after.endswith("\ufffd"):
+                self.prefix_offset = self.read_offset
+                self.read_offset = end
+                return after[len(before) :]
+        return ""  # every run ends inside a character: wait for the next token
+
+    def flush(self) -> str:
+        """At the end: the pending tokens' text, as a whole decode would show it (a
+        character cut off by max_tokens reads as U+FFFD)."""
+        if self.tokenizer is None or self.read_offset == len(self.tokens):
+            return ""
+        before = self._decode(self.read_offset)
+        after = self._decode(len(self.tokens))
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        return after[len(before) :]
 
 
 @dataclass
@@ -266,7 +286,9 @@ class OutputProcessor:
         if up.finished:
             out.finish_reason = up.finish_reason
             out.stop_reason = up.stop_reason
-            if not incremental and self.tokenizer is not None:
+            if incremental:
+                out.text += sample.detok.flush()
+            elif self.tokenizer is not None:
                 out.text = self.tokenizer.decode(
                     out.token_ids, skip_special_tokens=state.params.skip_special_tokens
                 )

@@ -46,9 +46,11 @@ def _cpu_model() -> str:
 
 
 def build_dir() -> Path:
-    """A folder per source text, flags, torch version and CPU model: an edit, a new torch
-    or another machine sharing the home folder rebuilds."""
-    text = " ".join(FLAGS) + torch.__version__ + _cpu_model()
+    """A folder per source text and place, flags, torch version and CPU model: an edit, a
+    new torch or another machine sharing the home folder rebuilds. (The place counts: torch
+    rebuilds when a build's source paths change, so two checkouts sharing one folder would
+    rebuild each other's module on every switch, a minute each.)"""
+    text = " ".join(FLAGS) + torch.__version__ + _cpu_model() + str(SOURCE_DIR.resolve())
     code = b"".join(f.read_bytes() for f in sorted(SOURCE_DIR.iterdir()) if f.is_file())
     key = hashlib.sha256(code + text.encode()).hexdigest()[:16]
     root = Path(os.environ.get("CADENCE_CACHE_DIR", Path.home() / ".cache" / "cadence"))

@@ -31,6 +31,10 @@ def setup_cpu_threads(threads: int | None, bind: bool) -> list[int]:
     """Size the intra-op pool (`threads`, None: one per core) and, with `bind`, pin its
     threads one to a core. Call it in a process that only runs the engine: pinning makes
     the calling thread stay on the first core, and processes it spawns inherit that.
+    Only a pool that takes every core of the mask is pinned: a smaller one shares the
+    machine with something else (another engine started with the same flags would pin to
+    the same first cores), so the OS places it. To give an engine its own cores, narrow
+    its affinity mask (taskset, a cpuset, or the data-parallel launcher, which does).
     Returns the cores used (empty: not pinned)."""
     cores = engine_cores()
     n = threads or len(cores)
@@ -38,7 +42,7 @@ def setup_cpu_threads(threads: int | None, bind: bool) -> list[int]:
         logger.warning("%d CPU threads on %d cores: the threads will contend", n, len(cores))
     torch.set_num_threads(n)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # no second pool in the engine
-    if not bind or n > len(cores) or (ops := cpu_ops.ops()) is None:
+    if not bind or n != len(cores) or (ops := cpu_ops.ops()) is None:
         return []
     chosen = cores[:n]
     ops.bind_threads(chosen)

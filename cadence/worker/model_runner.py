@@ -213,7 +213,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             budget = profile_cuda_memory(self)
         else:
-            budget = cc.kv_cache_memory or DEFAULT_CPU_KV_BYTES
+            budget = cc.kv_cache_memory or self._default_cpu_kv_bytes(per_block)
         # Every rank must hold the same blocks: the smallest pool any of them can.
         n = min_over_ranks(int(budget // per_block))
         if n < 1:
@@ -221,6 +221,14 @@ class ModelRunner:
                 f"no room for KV blocks: {budget / 2**30:.2f} GiB left, {per_block} bytes a block"
             )
         return n
+
+    def _default_cpu_kv_bytes(self, per_block: int) -> int:
+        """DEFAULT_CPU_KV_BYTES, or less for a small model: at most twice what the scheduler
+        can fill at once (max_num_seqs sequences of max_model_len; the other half keeps
+        finished prompts for the prefix cache). A pool past that only costs RAM and the
+        start-up time of zeroing it."""
+        most = 2 * self.config.scheduler.max_num_seqs * self.max_blocks_per_seq + 1
+        return min(DEFAULT_CPU_KV_BYTES, most * per_block)
 
     def allocate_kv_cache(self, log: bool = True) -> None:
         self.kv_caches = bind_kv_caches(

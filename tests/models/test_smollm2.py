@@ -21,7 +21,7 @@ CHATS = [
     ],
     [{"role": "user", "content": "Write one sentence about the moon."}],
 ]
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 
 
 @pytest.fixture(scope="module")

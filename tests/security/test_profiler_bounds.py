@@ -34,8 +34,8 @@ def srv(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("traces")
     server = Server(
         [
-            tiny_model_dir("llama"),
-            *("--device", "cpu", "--dtype", "float32", "--max-model-len", "512"),
+            tiny_model_dir("llama-long"),  # room for a stream that outlasts a stop call
+            *("--device", "cpu", "--dtype", "float32", "--max-model-len", "4096"),
             *("--api-key", API_KEY, "--admin-api-key", ADMIN_KEY),
             *("--profile-dir", str(out), "--profile-max-seconds", "2", "--profile-max-traces", "2"),
         ]
@@ -55,10 +55,12 @@ def traces(folder) -> list[str]:
 
 
 class Stream:
-    """A long streamed completion in the background; the arrival time of each event."""
+    """A long streamed completion in the background; the arrival time of each event.
+    `close()` hangs up (the rest of a long stream is not waited for)."""
 
     def __init__(self, url: str, max_tokens: int = 400) -> None:
         self.times: list[float] = []
+        self.closing = threading.Event()
         body = {"prompt": make_prompts(512, [8], seed=95)[0], "max_tokens": max_tokens}
         body.update(stream=True, ignore_eos=True)
         self.thread = threading.Thread(target=self._run, args=(url, body))
@@ -75,9 +77,15 @@ class Stream:
             for line in r.iter_lines():
                 if line:
                     self.times.append(time.monotonic())
+                if self.closing.is_set():
+                    break
 
     def join(self) -> None:
         self.thread.join(120)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.join()
 
 
 def test_the_profiler_and_other_users_ids_need_the_admin_key(srv):
@@ -99,7 +107,7 @@ def test_the_profiler_and_other_users_ids_need_the_admin_key(srv):
 def test_writing_the_trace_does_not_stop_the_engine(srv):
     server, folder = srv
     with httpx.Client(base_url=server.url, headers=ADMIN, timeout=120) as c:
-        stream = Stream(server.url)
+        stream = Stream(server.url, max_tokens=4000)  # far longer than the stop call
         bad = c.post("/start_profile", json={"record_shapes": "yes"})
         assert bad.status_code == 400 and "record_shapes" in bad.json()["error"]["message"]
         assert c.post("/start_profile", json={"record_shapes": True}).json()["max_seconds"] == 2
@@ -107,7 +115,7 @@ def test_writing_the_trace_does_not_stop_the_engine(srv):
         t0 = time.monotonic()
         stopped = c.post("/stop_profile").json()
         t1 = time.monotonic()
-        stream.join()
+        stream.close()
     # The stop call waited for the trace; the stream got tokens meanwhile.
     assert any(t0 < t < t1 for t in stream.times), (t1 - t0, len(stream.times))
     with gzip.open(stopped["trace"]) as f:

@@ -49,3 +49,11 @@ def test_unpinned_pool_takes_the_thread_count_and_keeps_the_mask():
     got = _child("1", "nobind")
     assert got["threads"] == 1 and got["used"] == []
     assert len(got["masks"]) == 1  # nothing was narrowed
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to leave one")
+def test_a_pool_smaller_than_the_mask_is_not_pinned_to_the_first_cores():
+    """Two engines started with --cpu-threads 1 must not both sit on core 0."""
+    got = _child("1", "bind")
+    assert got["threads"] == 1 and got["used"] == []
+    assert len(got["masks"]) == 1  # every thread keeps the whole mask

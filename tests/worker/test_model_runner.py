@@ -139,3 +139,22 @@ def test_sampling_reads_the_step_logits_in_request_order(runner):
     runner.execute(SchedulerOutput(finished_ids=["r0", "r1", "r2"]))
     assert not runner.requests
     assert torch.is_tensor(runner.kv_caches[0])
+
+
+def test_a_small_model_on_the_cpu_gets_the_pool_it_can_use_not_two_gib(model_path):
+    """Without --kv-cache-memory the CPU pool is 2 GiB, or less where twice the scheduler's
+    reach (max_num_seqs full-length sequences) is less; an explicit size is kept."""
+
+    def runner_with(**kw) -> ModelRunner:
+        config = EngineConfig.from_kwargs(
+            model=model_path, device="cpu", dtype="float32", block_size=BS, max_num_seqs=3, **kw
+        )
+        config.fill_defaults("cpu")
+        return ModelRunner(config)
+
+    small = runner_with()
+    assert small.num_blocks == 2 * 3 * small.max_blocks_per_seq + 1
+    per_block = small._kv_bytes_per_block()
+    assert small.num_blocks * per_block < 2 * 2**30
+    explicit = runner_with(kv_cache_memory=100 * small.num_blocks * per_block)
+    assert explicit.num_blocks == 100 * small.num_blocks

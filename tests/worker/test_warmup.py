@@ -1,7 +1,9 @@
 """Start-up compiles every kernel variant: after the engine is built, a mixed workload
 launches no Triton kernel variant that warm-up did not (each would be a compile in the
 middle of serving on a GPU). Under Triton's interpreter, in a child process (the variable
-must be set before triton is imported); tests/triton_specs.py computes the variant keys."""
+must be set before triton is imported); tests/triton_specs.py computes the variant keys from
+each launch's arguments and skips the kernels' arithmetic (the numbers are tested elsewhere,
+the variants depend only on shapes, dtypes and constexprs)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ config, cls = build_tiny("llama-long")
 torch.manual_seed(zlib.crc32(b"llama-long"))
 path = tempfile.mkdtemp()
 cls(config).eval().save_pretrained(path)
-recorder = SpecRecorder().install()
+recorder = SpecRecorder().install(execute=False)
 llm = LLM(path, dtype="bfloat16", attention_backend="triton", num_gpu_blocks_override=400,
           max_num_batched_tokens=256, max_num_seqs=40)
 warm = set(recorder.keys)
@@ -55,7 +57,6 @@ print(json.dumps({{
 """
 
 
-@pytest.mark.slow  # a whole engine and workload under Triton's interpreter (over a minute)
 def test_no_kernel_variant_appears_after_warm_up():
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
