@@ -45,7 +45,7 @@ def _answers(server, model, stream: bool) -> list[tuple[str, str]]:
     client = _client(server)
 
     def one(messages):
-        kw = dict(model=model, messages=messages, temperature=0, max_tokens=30, stop=[". "])
+        kw = dict(model=model, messages=messages, temperature=0, max_tokens=16, stop=[". "])
         if not stream:
             choice = client.chat.completions.create(**kw).choices[0]
             return choice.message.content, choice.finish_reason
