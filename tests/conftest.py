@@ -11,14 +11,12 @@ import httpx
 import pytest
 import torch
 from model_helpers import build_tiny
-from server_helper import API_KEY, Server
+from server_helper import API_KEY, Server, worker_threads
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Under pytest-xdist (make test) the cores are shared between the workers.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
-torch.set_num_threads(_THREADS)
-os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))  # the scripts tests run as children
+torch.set_num_threads(worker_threads())
+os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))  # scripts tests run as children
 
 
 @pytest.fixture(scope="session")

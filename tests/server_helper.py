@@ -38,13 +38,18 @@ def children(pid: int) -> list[tuple[int, bytes]]:
     return out
 
 
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # pytest-xdist's, or 1
+
+
+def worker_threads() -> int:
+    """The CPU threads each pytest-xdist worker may use: its share of the cores (an engine
+    on every core, beside another worker's work, would contend). At most 2 without xdist."""
+    return max(1, min(2, len(os.sched_getaffinity(0)) // WORKERS))
+
+
 def engine_threads() -> list[str]:
-    """Under pytest-xdist the workers share the cores: a served engine takes its worker's
-    share of them (an engine on every core, beside another worker's, would contend)."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers < 2:
-        return []
-    return ["--cpu-threads", str(max(1, len(os.sched_getaffinity(0)) // workers))]
+    """`cadence serve` flags that keep a served engine to its worker's share of the cores."""
+    return [] if WORKERS < 2 else ["--cpu-threads", str(worker_threads())]
 
 
 class Server:

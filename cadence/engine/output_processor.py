@@ -75,25 +75,26 @@ class IncrementalDetokenizer:
         if self.tokenizer is None:
             return ""
         self.tokens.extend(new_ids)
-        before = self._decode(self.read_offset)
         lowest = max(self.read_offset, len(self.tokens) - self._MAX_PARTIAL_TOKENS)
-        for end in range(len(self.tokens), lowest, -1):
-            after = self._decode(end)
-            if len(after) > len(before) and not after.endswith("\ufffd"):
-                self.prefix_offset = self.read_offset
-                self.read_offset = end
-                return after[len(before) :]
-        return ""  # every run ends inside a character: wait for the next token
+        return self._read(range(len(self.tokens), lowest, -1), whole_chars=True)
 
     def flush(self) -> str:
         """At the end: the pending tokens' text, as a whole decode would show it (a
         character cut off by max_tokens reads as U+FFFD)."""
         if self.tokenizer is None or self.read_offset == len(self.tokens):
             return ""
+        return self._read([len(self.tokens)], whole_chars=False)
+
+    def _read(self, ends, whole_chars: bool) -> str:
+        """Emit the text up to the first of `ends` (token offsets) that adds some, and with
+        `whole_chars` ends on a whole character; "" (nothing read) if none does."""
         before = self._decode(self.read_offset)
-        after = self._decode(len(self.tokens))
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
-        return after[len(before) :]
+        for end in ends:
+            after = self._decode(end)
+            if len(after) > len(before) and not (whole_chars and after.endswith("\ufffd")):
+                self.prefix_offset, self.read_offset = self.read_offset, end
+                return after[len(before) :]
+        return ""
 
 
 @dataclass
