@@ -95,10 +95,10 @@ def test_the_profiler_and_other_users_ids_need_the_admin_key(srv):
             assert c.post(path).status_code == 401
             r = c.post(path, headers=USER)
             assert r.status_code == 403 and r.json()["error"]["code"] == "admin_only"
-        stream = Stream(server.url, max_tokens=60)
+        stream = Stream(server.url, max_tokens=4000)  # still running when both ask
         user_rows = c.get("/v1/engine/requests", headers=USER).json()["requests"]
         admin_rows = c.get("/v1/engine/requests", headers=ADMIN).json()["requests"]
-        stream.join()
+        stream.close()
     assert user_rows and all("id" not in row for row in user_rows)
     assert admin_rows and all(row["id"].startswith("cmpl-") for row in admin_rows)
     assert {"state", "prompt_tokens", "output_tokens"} <= set(user_rows[0])
@@ -111,7 +111,7 @@ def test_writing_the_trace_does_not_stop_the_engine(srv):
         bad = c.post("/start_profile", json={"record_shapes": "yes"})
         assert bad.status_code == 400 and "record_shapes" in bad.json()["error"]["message"]
         assert c.post("/start_profile", json={"record_shapes": True}).json()["max_seconds"] == 2
-        time.sleep(0.5)  # (record some steps)
+        time.sleep(0.2)  # (record some steps: the trace's size, so its writing time, grows with it)
         t0 = time.monotonic()
         stopped = c.post("/stop_profile").json()
         t1 = time.monotonic()
