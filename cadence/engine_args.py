@@ -30,6 +30,7 @@ from cadence.config import (
     SchedulerConfig,
     StructuredOutputsConfig,
 )
+from cadence.models.architectures import supported_architectures
 
 _SECTIONS: tuple[tuple[str, type], ...] = (
     ("model", ModelConfig),
@@ -138,7 +139,9 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
     (`cadence bench throughput PATH`), like `vllm serve PATH`.
     """
     groups = {
-        "model": parser.add_argument_group("model"),
+        "model": parser.add_argument_group(
+            "model", "architectures: " + ", ".join(supported_architectures())
+        ),
         "cache": parser.add_argument_group("KV cache"),
         "scheduler": parser.add_argument_group("scheduler"),
         "structured": parser.add_argument_group("structured outputs"),

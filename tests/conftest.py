@@ -49,14 +49,18 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hf_model():
-    """hf_model(path) -> the transformers model in float32, loaded once per path."""
+    """hf_model(path) -> the transformers model in float32, loaded once per path. Eager
+    attention (transformers' reference math): its SDPA path, where a release offers one
+    for a family, may skip what SDPA cannot express (Gemma 2's soft-capped scores)."""
     cache = {}
 
     def load(path: str):
         if path not in cache:
             from transformers import AutoModelForCausalLM
 
-            cache[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            cache[path] = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.float32, attn_implementation="eager"
+            ).eval()
         return cache[path]
 
     return load

@@ -44,10 +44,119 @@ def build_tiny(kind: str):
         return tf.Qwen2Config(**TINY, tie_word_embeddings=False), tf.Qwen2ForCausalLM
     if kind == "qwen3":
         return tf.Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False), tf.Qwen3ForCausalLM
+    if kind in ZOO:
+        return ZOO[kind]()
     raise ValueError(kind)
 
 
 ARCHS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3"]
+
+WINDOW = 8  # the zoo's sliding windows: shorter than most test prompts
+
+
+def _zoo_config(name: str, arch: str, **options):
+    """A tiny config of transformers' `name`, three layers (so interleaved layer kinds show),
+    the family's distinctive options on."""
+    import transformers as tf
+
+    base = {k: v for k, v in TINY.items() if k != "rms_norm_eps"}
+    base.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)  # inside the tiny vocabulary
+    config = getattr(tf, name)(**{**base, "num_hidden_layers": 3, **options})
+    return config, getattr(tf, arch)
+
+
+# kind -> its tiny config and transformers class: every dense family, distinctive options on.
+ZOO = {
+    "mistral-window": lambda: _zoo_config(
+        "MistralConfig", "MistralForCausalLM", sliding_window=WINDOW, head_dim=16
+    ),
+    "qwen2-window": lambda: _zoo_config(
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=1,  # layers 1 and 2 slide, layer 0 sees everything
+    ),
+    "gemma": lambda: _zoo_config(
+        "GemmaConfig", "GemmaForCausalLM", head_dim=32, hidden_act="gelu_pytorch_tanh"
+    ),
+    "gemma2": lambda: _zoo_config(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        head_dim=32,
+        sliding_window=WINDOW,
+        attn_logit_softcapping=5.0,  # low, so the cap bends the scores it sees
+        # Gemma 2's own: a cap as low as the scores' would round near-equal logits to ties
+        # (the cap keeps their order, so only logprobs show it: test_zoo checks them).
+        final_logit_softcapping=30.0,
+        query_pre_attn_scalar=24,
+    ),
+    "gemma3": lambda: _zoo_config(
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        head_dim=32,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
+    "phi3": lambda: _zoo_config(
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        sliding_window=WINDOW,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+        },  # Phi-4-mini's
+    ),
+    "granite": lambda: _zoo_config(
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.2,
+        logits_scaling=2.0,
+    ),
+    "olmo2": lambda: _zoo_config("Olmo2Config", "Olmo2ForCausalLM"),
+    "smollm3": lambda: _zoo_config("SmolLM3Config", "SmolLM3ForCausalLM", no_rope_layers=[1, 0, 1]),
+    "starcoder2": lambda: _zoo_config(
+        "Starcoder2Config", "Starcoder2ForCausalLM", sliding_window=WINDOW, use_bias=True
+    ),
+    "stablelm": lambda: _zoo_config(
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        use_qkv_bias=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+        },
+    ),
+    "cohere": lambda: _zoo_config("CohereConfig", "CohereForCausalLM", logit_scale=0.5),
+    "cohere2": lambda: _zoo_config(
+        "Cohere2Config",
+        "Cohere2ForCausalLM",
+        logit_scale=0.5,
+        sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    ),
+    "glm4": lambda: _zoo_config(
+        "Glm4Config",
+        "Glm4ForCausalLM",
+        attention_bias=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    ),
+    "stablelm-parallel": lambda: _zoo_config(
+        "StableLmConfig", "StableLmForCausalLM", use_parallel_residual=True
+    ),
+}
 
 
 def make_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

@@ -53,6 +53,8 @@ class BackendCapabilities:
     mixed_graphs: bool = False  # mixed_graph_plan(): prefill/mixed steps replay them too
     split_kv: bool = False  # graph_split_parts(): long contexts split across programs
     fp8_kv: bool = True  # reads and writes an FP8 (e4m3) KV cache
+    sliding_window: bool = False  # forward(window=W): a query sees only its last W keys
+    softcap: bool = False  # forward(softcap=c): scores pass through c * tanh(score / c)
 
 
 class AttentionBackend(abc.ABC):
@@ -76,11 +78,17 @@ class AttentionBackend(abc.ABC):
         scale: float,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_scale: tuple[float, float] = (1.0, 1.0),
+        *,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Rotate q and k by `rotary` (cos, sin [T, 1, D], rotate-half; None: already
         rotated), write k/v into their slots, then attend each query token to its context.
         q and k may be rotated in place. `kv_scale` (k_scale, v_scale) applies to an FP8
-        cache only."""
+        cache only. `window` W (a sliding-window layer): the query at position p sees keys
+        at positions p - W < j <= p, as transformers counts it. `softcap` c: each score s
+        becomes c * tanh(s / c) before the mask and softmax (Gemma 2). Both only where the
+        backend's capabilities say so (the model checks when it is built)."""
 
     # ---- capabilities (see BackendCapabilities) ----------------------------------------
 

@@ -339,6 +339,9 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_scale: tuple[float, float] = (1.0, 1.0),
+        *,
+        window: int | None = None,  # not a capability of these kernels yet: the model
+        softcap: float | None = None,  # refuses to build on this backend with either
     ) -> torch.Tensor:
         plan: TritonPlan = meta.backend_data
         num_tokens, num_heads, head_dim = q.shape

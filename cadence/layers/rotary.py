@@ -14,11 +14,14 @@ from torch import nn
 from cadence.ops import cpu_ops
 
 
-def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
-    """(inverse frequencies [head_dim / 2], attention scale) for the config's rope type.
-    default, linear and llama3 are computed here, in the float32 ops transformers uses (so
-    the tables are bit-identical); other types come from transformers' own functions."""
+def _inv_freq(config, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [head_dim / 2], attention scale) for the config's rope type (of
+    `layer_type`'s entry where the config keeps one per layer type: Gemma 3). default,
+    linear and llama3 are computed here, in the float32 ops transformers uses (so the
+    tables are bit-identical); other types come from transformers' own functions."""
     params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
     scaling = getattr(config, "rope_scaling", None) or {}
     rope_type = (
         params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
@@ -37,6 +40,8 @@ def _inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"unsupported rope type {rope_type!r}")
+    if layer_type is not None:
+        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
 
 
@@ -57,9 +62,12 @@ def _llama3_frequencies(inv: torch.Tensor, p: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config, head_dim: int, max_position: int) -> None:
+    def __init__(
+        self, config, head_dim: int, max_position: int, layer_type: str | None = None
+    ) -> None:
+        """Tables for `head_dim` rotated dims (fewer than a head's under partial rotary)."""
         super().__init__()
-        inv_freq, scale = _inv_freq(config, head_dim)
+        inv_freq, scale = _inv_freq(config, head_dim, layer_type)
         pos = torch.arange(max_position, dtype=torch.float32)
         # transformers' rope init functions return CPU tensors; the model may be built
         # under `with torch.device("cuda")`.

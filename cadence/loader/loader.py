@@ -170,8 +170,8 @@ def load_model(
     finally:
         torch.set_default_dtype(prev)
     # rotary tables stay float32; they are cast per use
-    model.rotary.cos = model.rotary.cos.float()
-    model.rotary.sin = model.rotary.sin.float()
+    for table in model.rotary.values():
+        table.cos, table.sin = table.cos.float(), table.sin.float()
     if load_format == "dummy":
         gen = torch.Generator(device=device).manual_seed(seed)
         for name, p in model.named_parameters():

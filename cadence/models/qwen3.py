@@ -1,7 +1,13 @@
-"""Qwen3: the Llama decoder with an RMSNorm over each head of q and k, before rotary."""
+"""Qwen3: Llama's blocks with an RMSNorm over each head of q and k, before rotary."""
 
-from cadence.models.llama import LlamaForCausalLM
+from __future__ import annotations
+
+from dataclasses import replace
+
+from cadence.models.attention import AttentionOptions
+from cadence.models.decoder import DecoderForCausalLM
 
 
-class Qwen3ForCausalLM(LlamaForCausalLM):
-    qk_norm = True
+class Qwen3ForCausalLM(DecoderForCausalLM):
+    def attention_options(self, config, layer: int) -> AttentionOptions:
+        return replace(super().attention_options(config, layer), qk_norm="head")

@@ -22,7 +22,7 @@ the normalised activation is not rounded to 16 bits before the product, so the r
 within rounding of the unfused layers, not bit-equal to them. (16-bit dtypes only: float32
 runs keep the unfused layers, whose tokens tests compare with transformers exactly.)
 
-CUDA only; which projections use it is `FUSED_PROJECTIONS` (models/llama.py asks).
+CUDA only; which projections use it is `FUSED_PROJECTIONS` (models/fused.py asks).
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ from cadence.layers.norm import RMSNorm
 from cadence.layers.rotary import RotaryEmbedding
 from cadence.layers.sampler import _argmax
 from cadence.loader.loader import iter_safetensors, load_hf_config, resolve_model_path
-from cadence.models.llama import MLP, Attention
+from cadence.models.attention import Attention, AttentionOptions
+from cadence.models.mlp import GatedMLP
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout
@@ -75,13 +76,13 @@ class Eagle3Head(nn.Module):
         self.fc = nn.Linear(3 * target_hidden, h, bias=False)
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
-        self.self_attn = Attention(config, backend, qkv_bias=False, qk_norm=False)
+        self.self_attn = Attention(config, backend, AttentionOptions())
         # Its q/k/v read the embedding and the hidden state side by side.
         self.self_attn.qkv_proj = ColumnParallelLinear(
             2 * h, self.self_attn.qkv_proj.shards, bias=False
         )
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.mlp = GatedMLP(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = ParallelLMHead(self.draft_vocab, h)
         self.embed_tokens: VocabParallelEmbedding | None = None  # set if the checkpoint has one
@@ -95,7 +96,7 @@ class Eagle3Head(nn.Module):
     def forward(self, ids, positions, hidden_in, meta, embed) -> tuple[torch.Tensor, torch.Tensor]:
         """(normed output for the logits, pre-norm output: the next step's hidden state)."""
         emb = embed(ids)
-        cos_sin = self.rotary.lookup(positions, emb.dtype)
+        cos_sin = {"global": self.rotary.lookup(positions, emb.dtype)}
         x = torch.cat([self.input_layernorm(emb), self.hidden_norm(hidden_in)], dim=-1)
         attn = self.self_attn(cos_sin, self.self_attn.qkv_proj(x), meta)
         x, residual = self.post_attention_layernorm(attn, hidden_in)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -12,12 +13,36 @@ from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.layers.linear import local_kv_heads
 from cadence.ops import cpu_ops
 
+logger = logging.getLogger(__name__)
 
-def make_attention_backend(name: str, device: torch.device, hf_config) -> AttentionBackend:
-    """`name` (auto: triton on CUDA; on the CPU the paged C++ kernel where it builds, else
-    torch) for a model of `hf_config`."""
+
+def beyond_triton(hf_config, max_model_len: int | None = None) -> str | None:
+    """What a model needs that the Triton kernels do not do yet, from its config (None:
+    nothing). A window no shorter than max_model_len is no window."""
+    if getattr(hf_config, "attn_logit_softcapping", None):
+        return "soft-capped attention scores"
+    window = getattr(hf_config, "sliding_window", None)
+    limit = max_model_len or getattr(hf_config, "max_position_embeddings", None) or 0
+    if window and window < limit and getattr(hf_config, "use_sliding_window", True) is not False:
+        return f"a sliding window of {window} tokens"
+    return None
+
+
+def make_attention_backend(
+    name: str, device: torch.device, hf_config, max_model_len: int | None = None
+) -> AttentionBackend:
+    """`name` (auto: triton on CUDA, or torch for a model that needs what the Triton
+    kernels lack; on the CPU the paged C++ kernel where it builds, else torch) for a model
+    of `hf_config`."""
     if name == "auto":
-        if device.type == "cuda":
+        if device.type == "cuda" and (lack := beyond_triton(hf_config, max_model_len)):
+            logger.warning(
+                "this model needs %s, which the Triton kernels do not do yet: attention runs "
+                "on the torch backend (correct, slower; no CUDA graphs)",
+                lack,
+            )
+            name = "torch"
+        elif device.type == "cuda":
             name = "triton"
         else:
             name = "cpu" if device.type == "cpu" and cpu_ops.ops() is not None else "torch"

@@ -175,7 +175,7 @@ class ModelRunner:
         release_freed_memory()  # what loading and profiling freed, back to the OS
 
     def _make_backend(self, name: str) -> AttentionBackend:
-        return make_attention_backend(name, self.device, self.hf_config)
+        return make_attention_backend(name, self.device, self.hf_config, self.max_model_len)
 
     def _target_view(self) -> TargetView:
         return TargetView(

@@ -1,0 +1,50 @@
+"""The architectures Cadence runs: `architectures` names in config.json -> (module in
+cadence.models, class). Plain data, free of torch, so the CLI can list them.
+
+Adding a family: a file in this package that subclasses DecoderForCausalLM, one line here
+(and its model_type below), one tiny-model case in tests/model_helpers.py (ZOO)."""
+
+from __future__ import annotations
+
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "Cohere2ForCausalLM": ("cohere", "Cohere2ForCausalLM"),
+    "CohereForCausalLM": ("cohere", "CohereForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma", "Gemma3ForCausalLM"),
+    "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
+    "Glm4ForCausalLM": ("glm4", "Glm4ForCausalLM"),
+    "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
+    "StableLmForCausalLM": ("stablelm", "StableLmForCausalLM"),
+    "Starcoder2ForCausalLM": ("starcoder2", "Starcoder2ForCausalLM"),
+}
+
+# model_type -> architecture, for configs without `architectures` (GGUF conversions)
+BY_MODEL_TYPE: dict[str, str] = {
+    "cohere": "CohereForCausalLM",
+    "cohere2": "Cohere2ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "glm4": "Glm4ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
+    "stablelm": "StableLmForCausalLM",
+    "starcoder2": "Starcoder2ForCausalLM",
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(ARCHITECTURES)
