@@ -32,16 +32,25 @@ from cadence.models.mlp import GatedMLP
 from cadence.models.weights import load_checkpoint
 
 
-class PreNormLayer(nn.Module):
-    """`residual_scale` (Granite) multiplies each block's output before its residual add."""
+class _Layer(nn.Module):
+    """One layer's attention and MLP, and the norms its kind names (`norms`), each made by
+    the family's make_norm over the hidden size."""
+
+    norms: tuple[str, ...] = ()
 
     def __init__(self, attn: Attention, mlp: nn.Module, make_norm, hidden: int) -> None:
         super().__init__()
         self.self_attn = attn
         self.mlp = mlp
-        self.input_layernorm = make_norm(hidden)
-        self.post_attention_layernorm = make_norm(hidden)
-        self.residual_scale = 1.0
+        for name in self.norms:
+            setattr(self, name, make_norm(hidden))
+
+
+class PreNormLayer(_Layer):
+    """`residual_scale` (Granite) multiplies each block's output before its residual add."""
+
+    norms = ("input_layernorm", "post_attention_layernorm")
+    residual_scale = 1.0
 
     def forward(self, cos_sin, x, residual, meta):
         attn, mlp = self.self_attn, self.mlp
@@ -58,15 +67,13 @@ class PreNormLayer(nn.Module):
         return x, residual
 
 
-class SandwichLayer(nn.Module):
-    def __init__(self, attn: Attention, mlp: nn.Module, make_norm, hidden: int) -> None:
-        super().__init__()
-        self.self_attn = attn
-        self.mlp = mlp
-        self.input_layernorm = make_norm(hidden)
-        self.post_attention_layernorm = make_norm(hidden)
-        self.pre_feedforward_layernorm = make_norm(hidden)
-        self.post_feedforward_layernorm = make_norm(hidden)
+class SandwichLayer(_Layer):
+    norms = (
+        "input_layernorm",
+        "post_attention_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+    )
 
     def forward(self, cos_sin, x, residual, meta):
         attn, mlp = self.self_attn, self.mlp
@@ -78,13 +85,8 @@ class SandwichLayer(nn.Module):
         return self.post_feedforward_layernorm(mlp(gate_up)), residual
 
 
-class PostNormLayer(nn.Module):
-    def __init__(self, attn: Attention, mlp: nn.Module, make_norm, hidden: int) -> None:
-        super().__init__()
-        self.self_attn = attn
-        self.mlp = mlp
-        self.post_attention_layernorm = make_norm(hidden)
-        self.post_feedforward_layernorm = make_norm(hidden)
+class PostNormLayer(_Layer):
+    norms = ("post_attention_layernorm", "post_feedforward_layernorm")
 
     def forward(self, cos_sin, x, residual, meta):
         h = x if residual is None else x + residual
@@ -93,12 +95,8 @@ class PostNormLayer(nn.Module):
         return self.post_feedforward_layernorm(mlp(mlp.gate_up_proj(h))), h
 
 
-class ParallelLayer(nn.Module):
-    def __init__(self, attn: Attention, mlp: nn.Module, make_norm, hidden: int) -> None:
-        super().__init__()
-        self.self_attn = attn
-        self.mlp = mlp
-        self.input_layernorm = make_norm(hidden)
+class ParallelLayer(_Layer):
+    norms = ("input_layernorm",)
 
     def forward(self, cos_sin, x, residual, meta):
         h = x if residual is None else x + residual
