@@ -6,9 +6,9 @@ SDPA: a copy of the whole context per layer per step (12 % of a CPU decode step 
 requests of 135 tokens, and growing with the context). `cpu_ops.paged_attention` walks each
 request's block table instead and reads each key's row where it lies. Prefill chunks (more
 than SHORT_QUERY tokens) keep SDPA over gathered K/V: there the copy is amortised over the
-chunk's queries, and SDPA's blocked GEMMs beat a per-row kernel. An FP8 cache, a sliding
-window or soft-capped scores fall back to the torch backend's path (the kernel reads the
-activation dtype and attends to the whole context).
+chunk's queries, and SDPA's blocked GEMMs beat a per-row kernel. The kernel takes a sliding
+window (it reads only the window's blocks) and soft-capped scores; an FP8 cache falls back
+to the torch backend's path (the kernel reads the activation dtype).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from cadence.ops import cpu_ops
 
 
 class CpuPagedAttentionBackend(TorchAttentionBackend):
-    name = "cpu"  # (the torch backend's capabilities: window and soft-cap fall back to it)
+    name = "cpu"  # (the torch backend's capabilities: window and soft-cap, in the kernel too)
 
     def _plan_short(
         self, plan: _Plan, short: list[tuple[int, int, int, int]], tables, bs: int, device
@@ -49,13 +49,7 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         softcap: float | None = None,
     ) -> None:
         ops = cpu_ops.usable(q)
-        if (
-            ops is None
-            or not isinstance(k_flat, torch.Tensor)
-            or k_flat.dtype != q.dtype
-            or window is not None
-            or softcap is not None
-        ):
+        if ops is None or not isinstance(k_flat, torch.Tensor) or k_flat.dtype != q.dtype:
             if plan.short_mask is None:
                 super()._plan_short(plan, *plan.short_source)
             super()._attend_short(
@@ -63,4 +57,17 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
             )
             return
         tables, first, qlens, slens, bs = plan.paged
-        ops.paged_attention(out, q, k_flat, v_flat, tables, first, qlens, slens, bs, scale)
+        ops.paged_attention(
+            out,
+            q,
+            k_flat,
+            v_flat,
+            tables,
+            first,
+            qlens,
+            slens,
+            bs,
+            scale,
+            window or 0,
+            softcap or 0.0,
+        )

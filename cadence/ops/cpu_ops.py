@@ -10,7 +10,7 @@ PyTorch ops: the same results, more dispatches a step.
     rotary_(q, k, cos, sin)                           in place
     silu_and_mul(x) -> silu(x[:, :d]) * x[:, d:]
     paged_attention(out, q, k_cache, v_cache, block_tables, first_row, query_lens,
-                    seq_lens, block_size, scale)
+                    seq_lens, block_size, scale, window (0: none), softcap (0: none))
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The torch reference backend: short queries (decodes and speculative verifies, batched
 into one padded call) and long prefill chunks (one call each) both equal plain causal
-attention over each request's cached prefix and query, with grouped KV heads."""
+attention over each request's cached prefix and query, with grouped KV heads, a sliding
+window and soft-capped scores; so does the CPU backend's paged kernel."""
 
 from __future__ import annotations
 
@@ -15,13 +16,19 @@ from cadence.ops import cpu_ops
 BS, HQ, HKV, D = 4, 4, 2, 8
 
 
-def reference(q, keys, values, ctx):
-    """Causal attention of q [n, Hq, D] at positions ctx.. over keys [ctx + n, Hkv, D]."""
+def reference(q, keys, values, ctx, window=None, softcap=None):
+    """Causal attention of q [n, Hq, D] at positions ctx.. over keys [ctx + n, Hkv, D]; a
+    query at p sees keys j with p - window < j <= p; scores capped at softcap * tanh."""
     k = keys.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
     v = values.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
     n, total = q.shape[0], keys.shape[0]
-    mask = torch.arange(total)[None, :] <= (ctx + torch.arange(n))[:, None]
+    qpos = (ctx + torch.arange(n))[:, None]
+    mask = torch.arange(total)[None, :] <= qpos
+    if window is not None:
+        mask &= torch.arange(total)[None, :] > qpos - window
     scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * D**-0.5
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     return (probs @ v).transpose(0, 1)
 
@@ -37,7 +44,10 @@ def _backend(name: str):
 # "cpu": the same plan, short queries read straight from the block pool by the C++ kernel.
 @pytest.mark.parametrize("backend_name", ["torch", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_short_and_long_queries_equal_plain_attention(backend_name, dtype):
+@pytest.mark.parametrize(
+    ("window", "softcap"), [(None, None), (5, None), (None, 0.5), (6, 0.5)], ids=str
+)
+def test_short_and_long_queries_equal_plain_attention(backend_name, dtype, window, softcap):
     g = torch.Generator().manual_seed(0)
     qlens = [1, 3, SHORT_QUERY, SHORT_QUERY + 1, 5, 1]
     ctxs = [7, 0, 12, 3, 30, 1]
@@ -77,12 +87,14 @@ def test_short_and_long_queries_equal_plain_attention(backend_name, dtype):
     )
     backend = _backend(backend_name)
     cache, q, k, v = cache.to(dtype), q.to(dtype), k.to(dtype), v.to(dtype)
-    out = backend.forward(q, k, v, cache, backend.build(meta), D**-0.5)
+    out = backend.forward(
+        q, k, v, cache, backend.build(meta), D**-0.5, window=window, softcap=softcap
+    )
     assert out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     start = 0
     for (keys, values), qlen, ctx in zip(kv_per_req, qlens, ctxs):
         keys, values = keys.to(dtype).float(), values.to(dtype).float()
-        want = reference(q[start : start + qlen].float(), keys, values, ctx)
+        want = reference(q[start : start + qlen].float(), keys, values, ctx, window, softcap)
         torch.testing.assert_close(out[start : start + qlen].float(), want, rtol=tol, atol=tol)
         start += qlen

@@ -83,4 +83,6 @@ def test_bad_shapes_raise_instead_of_reading_out_of_bounds():
             torch.tensor([6]),  # ... for 6 keys
             4,
             0.5,
+            0,
+            0.0,
         )

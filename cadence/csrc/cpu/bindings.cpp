@@ -11,7 +11,8 @@
 //   rotary_(q, k, cos, sin)                  rotate q and k in place (rotate-half layout)
 //   silu_and_mul(x) -> out                   silu(x[:, :d]) * x[:, d:]
 //   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
-//                   block_size, scale)       short queries read K/V straight from the pool
+//                   block_size, scale, window, softcap)
+//                                            short queries read K/V straight from the pool
 //   bind_threads(cores)                      pin the intra-op threads, one to a core
 //   expand_int4(out, packed, sz, group, acc, block_rows)
 //                                            a packed int4 weight, expanded as W^T [K, N]
@@ -30,7 +31,7 @@ torch::Tensor silu_and_mul(torch::Tensor x);
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                      torch::Tensor v_cache, torch::Tensor block_tables, torch::Tensor first_row,
                      torch::Tensor query_lens, torch::Tensor seq_lens, int64_t block_size,
-                     double scale);
+                     double scale, int64_t window, double softcap);
 void expand_int4(torch::Tensor out, torch::Tensor packed, torch::Tensor scales_zeros,
                  int64_t group, bool accumulate, int64_t block_rows);
 void bind_threads(std::vector<int64_t> cores);

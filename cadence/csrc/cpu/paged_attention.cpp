@@ -8,53 +8,62 @@ namespace cadence_cpu {
 // ---- paged attention for short queries ------------------------------------------------
 
 // One unit of work: query token `qi` of request `b`, the `group` query heads that share KV
-// head `kvh`. Scores for every key it sees, softmax, then the weighted sum of V, reading
-// the keys block by block where they lie in the pool (no gathered copy of the context).
-// Keys are walked by block, not by position: a position -> slot division per key cost
-// more than the arithmetic.
+// head `kvh`. Scores for every key it sees (keys lo..keys-1: all of them, or the last
+// `window`), soft-capped where asked, softmax, then the weighted sum of V, reading the keys
+// block by block where they lie in the pool (no gathered copy of the context). Keys are
+// walked by block, not by position: a position -> slot division per key cost more than the
+// arithmetic.
 template <typename T, int DC>
 void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride,
                  int64_t o_tok_stride, int64_t o_head_stride, const T* kc, const T* vc,
                  int64_t slot_stride, int64_t head_dim_rt, const int64_t* table, int64_t block_size,
-                 int64_t row, int64_t keys, int64_t kvh, int64_t group, float scale,
-                 std::vector<float>& qf, std::vector<float>& scores, std::vector<float>& rows,
-                 std::vector<float>& acc) {
+                 int64_t row, int64_t keys, int64_t window, float softcap, int64_t kvh,
+                 int64_t group, float scale, std::vector<float>& qf, std::vector<float>& scores,
+                 std::vector<float>& rows, std::vector<float>& acc) {
   // DC: the head dim as a compile-time constant (64, 128: loops fully unrolled and
   // vectorized), 0 for any other (a runtime bound).
   const int64_t D = DC > 0 ? DC : head_dim_rt;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, keys - window) : 0;
+  const int64_t span = keys - lo;
   qf.resize(group * D);
-  scores.resize(group * keys);
+  scores.resize(group * span);
   rows.resize(block_size * D);
   acc.assign(group * D, 0.0f);
   for (int64_t g = 0; g < group; ++g)
     widen(q + row * q_tok_stride + (kvh * group + g) * q_head_stride, &qf[g * D], D);
-  const int64_t blocks = (keys + block_size - 1) / block_size;
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t first = blk * block_size, n = std::min(block_size, keys - first);
+  const int64_t first_blk = lo / block_size, blocks = (keys + block_size - 1) / block_size;
+  for (int64_t blk = first_blk; blk < blocks; ++blk) {
+    // Keys first..last-1 of this block, as offsets j0..j1-1 into it.
+    const int64_t j0 = std::max(blk * block_size, lo) - blk * block_size;
+    const int64_t j1 = std::min(block_size, keys - blk * block_size);
     const T* base = kc + table[blk] * block_size * slot_stride + kvh * D;
-    for (int64_t j = 0; j < n; ++j) widen(base + j * slot_stride, &rows[j * D], D);
+    for (int64_t j = j0; j < j1; ++j) widen(base + j * slot_stride, &rows[j * D], D);
     for (int64_t g = 0; g < group; ++g)
-      for (int64_t j = 0; j < n; ++j)
-        scores[g * keys + first + j] = dot(&qf[g * D], &rows[j * D], D) * scale;
+      for (int64_t j = j0; j < j1; ++j) {
+        float sc = dot(&qf[g * D], &rows[j * D], D) * scale;
+        if (softcap > 0.0f) sc = std::tanh(sc / softcap) * softcap;  // Gemma 2's order
+        scores[g * span + blk * block_size + j - lo] = sc;
+      }
   }
   for (int64_t g = 0; g < group; ++g) {
-    float* s = &scores[g * keys];
+    float* s = &scores[g * span];
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t p = 0; p < keys; ++p) m = std::max(m, s[p]);
+    for (int64_t p = 0; p < span; ++p) m = std::max(m, s[p]);
     float sum = 0.0f;
-    for (int64_t p = 0; p < keys; ++p) s[p] = exp_approx(s[p] - m);
-    for (int64_t p = 0; p < keys; ++p) sum += s[p];
+    for (int64_t p = 0; p < span; ++p) s[p] = exp_approx(s[p] - m);
+    for (int64_t p = 0; p < span; ++p) sum += s[p];
     const float inv = 1.0f / sum;
-    for (int64_t p = 0; p < keys; ++p) s[p] *= inv;
+    for (int64_t p = 0; p < span; ++p) s[p] *= inv;
   }
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t first = blk * block_size, n = std::min(block_size, keys - first);
+  for (int64_t blk = first_blk; blk < blocks; ++blk) {
+    const int64_t j0 = std::max(blk * block_size, lo) - blk * block_size;
+    const int64_t j1 = std::min(block_size, keys - blk * block_size);
     const T* base = vc + table[blk] * block_size * slot_stride + kvh * D;
-    for (int64_t j = 0; j < n; ++j) widen(base + j * slot_stride, &rows[j * D], D);
+    for (int64_t j = j0; j < j1; ++j) widen(base + j * slot_stride, &rows[j * D], D);
     for (int64_t g = 0; g < group; ++g) {
       float* a = &acc[g * D];
-      for (int64_t j = 0; j < n; ++j) {
-        const float w = scores[g * keys + first + j];
+      for (int64_t j = j0; j < j1; ++j) {
+        const float w = scores[g * span + blk * block_size + j - lo];
         const float* v = &rows[j * D];
         for (int64_t d = 0; d < D; ++d) a[d] += w * v[d];
       }
@@ -69,11 +78,12 @@ void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride
 // out/q: [T, Hq, D]; k_cache/v_cache: [slots, Hkv, D]; block_tables: [B, max_blocks] int64;
 // first_row/query_lens/seq_lens: [B] int64 (the request's first row in q, its query
 // tokens, and its keys including them). Query token i of a request sits at position
-// seq_len - query_len + i and sees keys 0..that position.
+// seq_len - query_len + i and sees keys 0..that position (window > 0: only the last
+// `window` of them). softcap > 0: each score s becomes softcap * tanh(s / softcap).
 void paged_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
                      at::Tensor v_cache, at::Tensor block_tables, at::Tensor first_row,
                      at::Tensor query_lens, at::Tensor seq_lens, int64_t block_size,
-                     double scale) {
+                     double scale, int64_t window, double softcap) {
   check_rows(q, "q");
   check_rows(out, "out");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
@@ -112,9 +122,10 @@ void paged_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
         auto unit = D == 64 ? attend_unit<scalar_t, 64>
                     : D == 128 ? attend_unit<scalar_t, 128>
                                : attend_unit<scalar_t, 0>;
-        unit(op, qp, q.stride(0), q.stride(1), out.stride(0), out.stride(1), kc,
-                              vc, Hkv * D, D, tp + b * max_blocks, block_size, fr[b] + qi, keys,
-                              kvh, group, static_cast<float>(scale), qf, scores, kf, acc);
+        unit(op, qp, q.stride(0), q.stride(1), out.stride(0), out.stride(1), kc, vc, Hkv * D,
+             D, tp + b * max_blocks, block_size, fr[b] + qi, keys, window,
+             static_cast<float>(softcap), kvh, group, static_cast<float>(scale), qf, scores, kf,
+             acc);
       }
     });
   });
