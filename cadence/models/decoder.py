@@ -131,7 +131,7 @@ class DecoderForCausalLM(nn.Module):
             qkv_bias=bool(getattr(config, "attention_bias", False)),
             o_bias=bool(getattr(config, "attention_bias", False)),
             rotary_dim=None if rotary_dim == head_dim_of(config) else rotary_dim,
-            window=_window(config, layer),
+            window=layer_window(config, layer),
         )
 
     def make_norm(self, config, size: int) -> nn.Module:
@@ -159,6 +159,7 @@ class DecoderForCausalLM(nn.Module):
         self.rotary = nn.ModuleDict(self.rotary_tables(config, max_position))
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embed_scale = self.embedding_scale(config)
+        self._embed_scale_as: dict[torch.dtype, float] = {}  # rounded to each dtype once
         hidden = config.hidden_size
         self.layers = nn.ModuleList(
             self.layer_kind(
@@ -201,8 +202,12 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, hidden] for the step's tokens."""
         x = self.embed_tokens(input_ids)
-        if self.embed_scale is not None:  # (rounded to the activations' dtype first, as HF)
-            x = x * float(torch.tensor(self.embed_scale, dtype=x.dtype))
+        if self.embed_scale is not None:  # rounded to the activations' dtype first, as HF
+            scale = self._embed_scale_as.get(x.dtype)
+            if scale is None:
+                scale = float(torch.tensor(self.embed_scale, dtype=x.dtype))
+                self._embed_scale_as[x.dtype] = scale
+            x = x * scale
         cos_sin = {kind: table.lookup(positions, x.dtype) for kind, table in self.rotary.items()}
         residual = None
         kept: dict[int, torch.Tensor] = {}
@@ -236,7 +241,7 @@ def rotary_dim_of(config) -> int:
     return int(head_dim_of(config) * (factor or 1.0))
 
 
-def _window(config, layer: int) -> int | None:
+def layer_window(config, layer: int) -> int | None:
     """The sliding window of `layer`, from the config's conventions: `layer_types`
     ("sliding_attention"), else `use_sliding_window` with `max_window_layers` (Qwen2: layers
     from that index on slide), else `sliding_window` alone (Mistral, Starcoder2)."""

@@ -11,6 +11,7 @@ from cadence.attention.base import AttentionBackend
 from cadence.attention.cpu_paged import CpuPagedAttentionBackend
 from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.layers.linear import local_kv_heads
+from cadence.models.decoder import layer_window
 from cadence.ops import cpu_ops
 
 logger = logging.getLogger(__name__)
@@ -18,14 +19,14 @@ logger = logging.getLogger(__name__)
 
 def beyond_triton(hf_config, max_model_len: int | None = None) -> str | None:
     """What a model needs that the Triton kernels do not do yet, from its config (None:
-    nothing). A window no shorter than max_model_len is no window."""
+    nothing): the layers' windows as the model reads them, where shorter than
+    max_model_len (a longer one is no window)."""
     if getattr(hf_config, "attn_logit_softcapping", None):
         return "soft-capped attention scores"
-    window = getattr(hf_config, "sliding_window", None)
     limit = max_model_len or getattr(hf_config, "max_position_embeddings", None) or 0
-    if window and window < limit and getattr(hf_config, "use_sliding_window", True) is not False:
-        return f"a sliding window of {window} tokens"
-    return None
+    layers = range(getattr(hf_config, "num_hidden_layers", 0))
+    windows = {w for i in layers if (w := layer_window(hf_config, i)) is not None and w < limit}
+    return f"a sliding window of {min(windows)} tokens" if windows else None
 
 
 def make_attention_backend(
