@@ -15,14 +15,15 @@ import pytest
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def interpreter_report(test_file: str) -> dict:
-    """Run `test_file --interpreter-cases` under the interpreter; its JSON line, parsed."""
+def interpreter_report(test_file: str, *args: str) -> dict:
+    """Run `test_file --interpreter-cases [args]` under the interpreter; its JSON line,
+    parsed."""
     env = dict(os.environ, TRITON_INTERPRET="1")
     # The child imports the test's helpers as this process does: from tests/ and its folder.
     paths = [TESTS_DIR, os.path.dirname(os.path.abspath(test_file)), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(test_file), "--interpreter-cases"],
+        [sys.executable, os.path.abspath(test_file), "--interpreter-cases", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -46,6 +46,10 @@ def build_tiny(kind: str):
         return tf.Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False), tf.Qwen3ForCausalLM
     if kind in ZOO:
         return ZOO[kind]()
+    if kind == "mistral-window-d24":  # a head dim that is not a power of two (Phi-3's is 96)
+        return _zoo_config(
+            "MistralConfig", "MistralForCausalLM", sliding_window=WINDOW, head_dim=24
+        )
     raise ValueError(kind)
 
 

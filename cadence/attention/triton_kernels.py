@@ -5,10 +5,18 @@ split-KV pair (C) is in triton_split_kv.py, the planning and launches in triton_
   B  paged_attention_kernel  attend every work item of a mixed batch, one launch
 
 Both attention kernels walk keys with `_attend_range`, the online-softmax inner loop. Kernel
-B's prefill tile visits a range in two phases: the tiles every query row sees in full (keys
-before the program's first query token: no causal or bounds masks, so no compares or
-selects in the loop that dominates a long prefill), then the tail that needs them. Decode
-tiles (memory-bound) run the masked loop alone, which keeps their compile time down.
+B's prefill tile visits a range in phases: the tiles every query row sees in full (keys
+before the program's first query token and inside its last token's window: no causal,
+window or bounds masks, so no compares or selects in the loop that dominates a long
+prefill), with masked loops before them (keys only the earlier rows' windows still hold;
+none without a window) and after (the causal tail). Decode tiles (memory-bound) run the
+masked loop alone, which keeps their compile time down.
+
+Layer options, all in the same kernels: a sliding window W (a runtime integer: a row at
+position p sees keys p - W < j <= p; no window is a W past any context, so the compare
+costs a decode loop nothing it would notice), soft-capped scores (SOFTCAP, Gemma 2:
+c * tanh(s / c) before the mask) and head dims that are not powers of two (80, 96: the
+tiles are DIM rounded up, the extra columns load as zeros and are never stored).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import triton
 import triton.language as tl
 
 from cadence.ops.fused import gdc_wait, rotate_half_rows
+
+NO_WINDOW = 1 << 30  # the window of a layer without one: past any context (and int32-safe)
 
 # ---------------------------------------------------------------------------------------
 # Kernel A: write the step's K/V into the cache.
@@ -67,6 +77,7 @@ def write_kv_kernel(
     v_inv_scale,
     BLOCK_SIZE: tl.constexpr,
     HALF: tl.constexpr,  # head_dim // 2
+    HALF_PAD: tl.constexpr,  # HALF rounded up to a power of two (a block's width)
     BLOCK_H: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     ROTARY: tl.constexpr,
@@ -77,17 +88,19 @@ def write_kv_kernel(
     if PDL:
         gdc_wait()
     t = tl.program_id(0).to(tl.int64)
-    d = tl.arange(0, HALF)[None, :]
+    half = tl.arange(0, HALF_PAD)
+    d = half[None, :]
+    d_ok = d < HALF  # all true unless the head dim is not a power of two (80, 96)
     h = tl.arange(0, BLOCK_H)[:, None]
     if ROTARY:
-        cos1 = tl.load(cos_ptr + t * stride_cos + tl.arange(0, HALF))
-        cos2 = tl.load(cos_ptr + t * stride_cos + HALF + tl.arange(0, HALF))
-        sin1 = tl.load(sin_ptr + t * stride_cos + tl.arange(0, HALF))
-        sin2 = tl.load(sin_ptr + t * stride_cos + HALF + tl.arange(0, HALF))
+        cos1 = tl.load(cos_ptr + t * stride_cos + half, mask=half < HALF)
+        cos2 = tl.load(cos_ptr + t * stride_cos + HALF + half, mask=half < HALF)
+        sin1 = tl.load(sin_ptr + t * stride_cos + half, mask=half < HALF)
+        sin2 = tl.load(sin_ptr + t * stride_cos + HALF + half, mask=half < HALF)
         # q is rotated in place (even for a padding token: harmless, its output is unused).
         hq = tl.arange(0, BLOCK_HQ)[:, None]
         for h0 in range(0, num_q_heads, BLOCK_HQ):
-            qmask = (h0 + hq) < num_q_heads
+            qmask = ((h0 + hq) < num_q_heads) & d_ok
             ptr = q_ptr + t * stride_qt + (h0 + hq) * stride_qh + d
             q1, q2 = rotate_half_rows(
                 tl.load(ptr, mask=qmask, other=0.0),
@@ -102,7 +115,7 @@ def write_kv_kernel(
     slot = tl.load(slot_ptr + t).to(tl.int64)
     # A negative slot marks a padding token (e.g. a CUDA-graph pad): write nothing.
     if slot >= 0:
-        mask = h < num_kv_heads
+        mask = (h < num_kv_heads) & d_ok
         dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cblk + (slot % BLOCK_SIZE) * stride_ctok
         dst += h * stride_chead + d
         src_k = k_ptr + t * stride_kt + h * stride_kh + d
@@ -131,6 +144,16 @@ def write_kv_kernel(
 
 
 @triton.jit
+def _softcap(s, cap):
+    """cap * tanh(s / cap), elementwise, from exp2 (the interpreter has no libdevice tanh):
+    tanh(|y|) = (1 - e) / (1 + e) with e = exp(-2 |y|) in (0, 1], so nothing overflows."""
+    y = s / cap
+    e = tl.exp2(-2.8853900817779268 * tl.abs(y))  # exp(-2|y|) = 2^(-2 log2(e) |y|)
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(y < 0, -t, t)
+
+
+@triton.jit
 def _attend_range(
     q,  # [BLOCK_M, HEAD_DIM], the model's dtype (an FP8 cache's tiles are widened to it)
     q_pos,  # [BLOCK_M] int32 absolute position of each row's token (causal limit)
@@ -146,10 +169,14 @@ def _attend_range(
     kv_lo,
     kv_hi,
     qk_scale,  # softmax scale * log2(e): scores live in the log2 domain (exp2 is cheaper)
+    window,  # a row at position p sees keys p - window < j <= p (no window: a huge one)
+    softcap,  # log2-domain cap c * log2(e) where SOFTCAP
     MASKED: tl.constexpr,  # False: every key in [kv_lo, kv_hi) is visible to every row
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    HEAD_DIM: tl.constexpr,  # the tile's width: DIM rounded up to a power of two
+    DIM: tl.constexpr,  # the model's head dim; columns past it load as 0
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -158,6 +185,7 @@ def _attend_range(
     MASKED=False the caller promises whole tiles (kv_hi - kv_lo a multiple of BLOCK_N)
     that every row may see."""
     d = tl.arange(0, HEAD_DIM)
+    d_ok = d < DIM  # padding columns read 0: they add nothing to q.k, and P V's are dropped
     for start in range(kv_lo, kv_hi, BLOCK_N):
         kv_pos = start + tl.arange(0, BLOCK_N)
         # Physical block of each key position. For BLOCK_N <= block size these are all the
@@ -171,7 +199,10 @@ def _attend_range(
         off = blk * stride_cblk + (kv_pos % BLOCK_SIZE).to(tl.int64) * stride_ctok + kv_head_off
         # Masked loads give 0, so garbage in unused slots never reaches the dot products.
         if MASKED:
-            k = tl.load(cache_ptr + off[None, :] + d[:, None], mask=kv_ok[None, :], other=0.0)
+            k_ok = kv_ok[None, :] & d_ok[:, None]
+            k = tl.load(cache_ptr + off[None, :] + d[:, None], mask=k_ok, other=0.0)
+        elif DIM < HEAD_DIM:
+            k = tl.load(cache_ptr + off[None, :] + d[:, None], mask=d_ok[:, None], other=0.0)
         else:
             k = tl.load(cache_ptr + off[None, :] + d[:, None])
         k = k.to(q.dtype)  # exact for e4m3; a no-op for a cache of the model's dtype
@@ -180,9 +211,11 @@ def _attend_range(
         else:
             s = tl.dot(q, k, input_precision=DOT_PRECISION)
         s = s * qk_scale  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:
+            s = _softcap(s, softcap)
         if MASKED:
-            keep = kv_ok[None, :] & (kv_pos[None, :] <= q_pos[:, None])
-            s = tl.where(keep, s, float("-inf"))
+            seen = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(kv_ok[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -190,8 +223,12 @@ def _attend_range(
         if MASKED:
             v = tl.load(
                 cache_ptr + stride_ckv + off[:, None] + d[None, :],
-                mask=kv_ok[:, None],
+                mask=kv_ok[:, None] & d_ok[None, :],
                 other=0.0,
+            )
+        elif DIM < HEAD_DIM:
+            v = tl.load(
+                cache_ptr + stride_ckv + off[:, None] + d[None, :], mask=d_ok[None, :], other=0.0
             )
         else:
             v = tl.load(cache_ptr + stride_ckv + off[:, None] + d[None, :])
@@ -218,20 +255,26 @@ def attend(
     stride_cblk,
     stride_ctok,
     kv_lo,
-    kv_full,  # keys in [kv_lo, kv_full) are visible to every row; kv_full - kv_lo % BLOCK_N == 0
+    kv_full_lo,  # keys in [kv_full_lo, kv_full_hi) are visible to every row: whole tiles,
+    kv_full_hi,  # both bounds kv_lo plus a multiple of BLOCK_N
     kv_hi,
     qk_scale,
+    window,
+    softcap,
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
     TWO_PHASE: tl.constexpr,  # False: one masked loop (less code to compile; for decodes)
 ):
-    """(acc, m, l) of the rows over keys [kv_lo, kv_hi): the unmasked phase, then the tail.
-    The unmasked phase pays where rows are many (prefill tiles: compute-bound); a decode's
-    loop is bound by memory, so its kernels compile the masked loop alone."""
+    """(acc, m, l) of the rows over keys [kv_lo, kv_hi): the keys some rows' windows have
+    left, the unmasked phase, then the tail. The unmasked phase pays where rows are many
+    (prefill tiles: compute-bound); a decode's loop is bound by memory, so its kernels
+    compile the masked loop alone."""
     # A finite start for the running max: a row whose keys are all masked in a tile keeps
     # m = -1e30, alpha = exp2(0) = 1 and p = exp2(-inf) = 0, never inf - inf = NaN.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -239,16 +282,22 @@ def attend(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     masked_lo = kv_lo
     if TWO_PHASE:
+        # Keys only the earlier rows' windows still hold (none without a window).
         acc, m_i, l_i = _attend_range(
             q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
-            stride_cblk, stride_ctok, kv_lo, kv_full, qk_scale, False,
-            BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+            stride_cblk, stride_ctok, kv_lo, kv_full_lo, qk_scale, window, softcap, True,
+            SOFTCAP, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
         )  # fmt: skip
-        masked_lo = kv_full
+        acc, m_i, l_i = _attend_range(
+            q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
+            stride_cblk, stride_ctok, kv_full_lo, kv_full_hi, qk_scale, window, softcap, False,
+            SOFTCAP, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+        )  # fmt: skip
+        masked_lo = kv_full_hi
     acc, m_i, l_i = _attend_range(
         q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv, stride_cblk,
-        stride_ctok, masked_lo, kv_hi, qk_scale, True,
-        BLOCK_M, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
+        stride_ctok, masked_lo, kv_hi, qk_scale, window, softcap, True,
+        SOFTCAP, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
     )  # fmt: skip
     return acc, m_i, l_i
 
@@ -280,10 +329,14 @@ def _attend_rows_and_store(
     stride_chead,
     qk_scale,
     v_scale,
+    window,
+    softcap,
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -297,17 +350,23 @@ def _attend_rows_and_store(
     head = (kvh * group + g).to(tl.int64)
     t = (tok0 + tok).to(tl.int64)
     d = tl.arange(0, HEAD_DIM)
+    io_ok = row_ok[:, None] & (d[None, :] < DIM)
     q = tl.load(
         q_ptr + t[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
-        mask=row_ok[:, None],
+        mask=io_ok,
         other=0.0,
     )
-    # Padding rows get positions past the chunk; they still see key 0, so every row has at
-    # least one unmasked key and l >= 1 below.
+    # Padding rows get positions past the chunk (what they see is never stored).
     q_pos = pos0 + tok
     kv_hi = tl.minimum(seq_len, pos0 + n_tok)  # the last token sees up to itself
-    # Keys before the program's first query token are visible to all its rows.
-    kv_full = tl.minimum(pos0, kv_hi) // BLOCK_N * BLOCK_N
+    # The first row's window starts at pos0 - window + 1: tiles before it are skipped.
+    kv_lo = tl.maximum(pos0 - window + 1, 0) // BLOCK_N * BLOCK_N
+    # Keys every row sees: before the first row's position (causal) and within the last
+    # row's window; whole tiles from kv_lo.
+    kv_full_hi = tl.minimum(pos0, kv_hi) // BLOCK_N * BLOCK_N
+    last_row_lo = pos0 + n_tok - window  # the last row's first visible key
+    kv_full_lo = tl.maximum(tl.cdiv(tl.maximum(last_row_lo, 0), BLOCK_N) * BLOCK_N, kv_lo)
+    kv_full_lo = tl.minimum(kv_full_lo, kv_full_hi)
     acc, m_i, l_i = attend(
         q,
         q_pos,
@@ -317,29 +376,36 @@ def _attend_rows_and_store(
         stride_ckv,
         stride_cblk,
         stride_ctok,
-        0,
-        kv_full,
+        kv_lo,
+        kv_full_lo,
+        kv_full_hi,
         kv_hi,
         qk_scale,
+        window,
+        softcap,
+        SOFTCAP,
         BLOCK_M,
         BLOCK_N,
         HEAD_DIM,
+        DIM,
         BLOCK_SIZE,
         DOT_PRECISION,
         DOT_F32,
         TWO_PHASE,
     )
-    out = acc / l_i[:, None] * v_scale
+    # A real row sees at least its own key (l >= 1); a padding row may see none.
+    out = acc / tl.maximum(l_i, 1e-30)[:, None] * v_scale
     tl.store(
         out_ptr + t[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=row_ok[:, None],
+        mask=io_ok,
     )
 
 
 # The block table's row stride changes every step (its width is the longest context in
-# blocks) and the item size with the batch: neither may compile a new specialisation.
-@triton.jit(do_not_specialize=["stride_bt", "work_q"])
+# blocks) and the item size with the batch: neither may compile a new specialisation; nor
+# may a layer's window (Phi-3's 2047 and "no window" would specialise apart).
+@triton.jit(do_not_specialize=["stride_bt", "work_q", "window"])
 def paged_attention_kernel(
     q_ptr,
     out_ptr,
@@ -362,12 +428,16 @@ def paged_attention_kernel(
     qk_scale,  # softmax scale * log2(e) * the cache's k_scale
     v_scale,  # the cache's v_scale (1.0 unless FP8)
     work_q,  # query tokens per work item (from build)
+    window,  # the layer's sliding window (NO_WINDOW: none)
+    softcap,  # the scores' cap in the log2 domain (SOFTCAP layers)
+    SOFTCAP: tl.constexpr,
     TOK: tl.constexpr,  # query tokens per program (= BLOCK_M // G_PAD)
     BLOCK_M: tl.constexpr,
     SMALL_M: tl.constexpr,  # rows of the decode-sized tile
     G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -398,23 +468,23 @@ def paged_attention_kernel(
                 _attend_rows_and_store(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
-                    stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale,
-                    SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
-                    False,
+                    stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
+                    softcap, SOFTCAP, SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE,
+                    DOT_PRECISION, DOT_F32, False,
                 )  # fmt: skip
             else:
                 _attend_rows_and_store(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
-                    stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale,
-                    BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
-                    TWO_PHASE,
+                    stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
+                    softcap, SOFTCAP, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE,
+                    DOT_PRECISION, DOT_F32, TWO_PHASE,
                 )  # fmt: skip
         else:
             _attend_rows_and_store(
                 q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                 group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
-                stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale,
-                BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
-                False,
+                stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
+                softcap, SOFTCAP, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE,
+                DOT_PRECISION, DOT_F32, False,
             )  # fmt: skip

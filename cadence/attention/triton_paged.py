@@ -65,11 +65,12 @@ from cadence.attention.base import (
     BackendCapabilities,
     is_fp8,
 )
-from cadence.attention.triton_kernels import paged_attention_kernel, write_kv_kernel
+from cadence.attention.triton_kernels import NO_WINDOW, paged_attention_kernel, write_kv_kernel
 from cadence.ops.fused import pdl
 
 LOG2E = 1.4426950408889634
 MAX_WORK_Q = 64  # most query tokens in one work item of kernel B
+MAX_HEAD_DIM = 256  # widest head the tiles fit in shared memory
 DEFAULT_NUM_SMS = 132  # H100/H200; used when the device is not CUDA (interpreter, tests)
 _INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # as triton reads it
 
@@ -89,10 +90,13 @@ PREFILL_TWO_PHASE = True  # the prefill tile's unmasked first phase (triton_kern
 DECODE_LARGE_BATCH = 32  # decodes from which the "large" settings apply
 DECODE_SMALL = (128, 4, 2)
 DECODE_LARGE = (64, 2, 3)
+WIDE_HEAD_DIM = 256  # heads from this width on take the settings measured for Gemma's
 
 
 def decode_launch(num_decodes: int, head_dim: int) -> tuple[int, int, int]:
     block_n, warps, stages = DECODE_LARGE if num_decodes >= DECODE_LARGE_BATCH else DECODE_SMALL
+    if head_dim >= WIDE_HEAD_DIM and num_decodes < DECODE_LARGE_BATCH:
+        warps = 8  # Gemma-2-9B, batch 1: 6.09 ms a step against 6.25 with 4
     # Tuned at head_dim 128; wider heads would overflow shared memory with 128-key tiles.
     return min(block_n, 128 * 128 // max(head_dim, 128)), warps, stages
 
@@ -137,15 +141,17 @@ class TritonPlan:
 class TritonAttentionBackend(AttentionBackend):
     """Paged attention in Triton kernels. See the module docstring for the kernels.
 
-    `num_kv_heads` and `num_sms` only steer the split-KV rule in build(), which runs
-    before any layer (so before the head count is seen): both have H200/Llama-8B-like
+    `num_kv_heads`, `num_sms` and `head_dim` only steer the split-KV rule in build(),
+    which runs before any layer (so before the heads are seen): all have H200/Llama-8B-like
     defaults. `split_kv` forces the split path on (every decode) or off; None lets the
     rule choose. `split_min_partition` is the shortest partition (keys) a split makes;
-    `split_min_context` the shortest decode context worth splitting.
+    `split_min_context` the shortest decode context worth splitting (None: by head_dim).
     """
 
     name = "triton"
-    capabilities = BackendCapabilities(decode_graphs=True, mixed_graphs=True, split_kv=True)
+    capabilities = BackendCapabilities(
+        decode_graphs=True, mixed_graphs=True, split_kv=True, sliding_window=True, softcap=True
+    )
     MIXED_GRAPH_WORK_Q = MAX_WORK_Q  # query tokens per work item in mixed-step graphs
 
     def __init__(
@@ -153,12 +159,22 @@ class TritonAttentionBackend(AttentionBackend):
         num_kv_heads: int = 8,
         num_sms: int | None = None,
         split_kv: bool | None = None,
-        split_min_partition: int = 256,
-        split_min_context: int = 1024,
+        split_min_partition: int | None = None,
+        split_min_context: int | None = None,
+        head_dim: int = 128,
     ) -> None:
         self.num_kv_heads = num_kv_heads
         self.num_sms = num_sms
         self.split_kv = split_kv
+        # Wide heads (Gemma's 256) move twice the bytes a key and run a decode's few
+        # programs twice as long: splitting pays from far shorter contexts (on an H200,
+        # Gemma-2-9B at batch 1, 128 -> 384 tokens: 5.94 ms a step split from 128 keys
+        # in partitions of 64, against 6.25 unsplit; benchmarks/decode_wide_heads.py).
+        wide = head_dim >= WIDE_HEAD_DIM
+        if split_min_partition is None:
+            split_min_partition = 64 if wide else 256
+        if split_min_context is None:
+            split_min_context = 128 if wide else 1024
         self.split_min_partition = split_min_partition
         self.split_min_context = split_min_context
 
@@ -320,6 +336,7 @@ class TritonAttentionBackend(AttentionBackend):
             1.0 / kv_scale[1],
             BLOCK_SIZE=kv_cache.shape[2],
             HALF=head_dim // 2,
+            HALF_PAD=_next_pow2(head_dim // 2),
             BLOCK_H=_next_pow2(num_kv_heads),
             BLOCK_HQ=min(8, _next_pow2(q.shape[1])),
             ROTARY=rotary is not None,
@@ -340,15 +357,17 @@ class TritonAttentionBackend(AttentionBackend):
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_scale: tuple[float, float] = (1.0, 1.0),
         *,
-        window: int | None = None,  # not a capability of these kernels yet: the model
-        softcap: float | None = None,  # refuses to build on this backend with either
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         plan: TritonPlan = meta.backend_data
         num_tokens, num_heads, head_dim = q.shape
         num_kv_heads = kv_cache.shape[3]
         block_size = kv_cache.shape[2]
-        if head_dim < 16 or head_dim & (head_dim - 1):
-            raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+        if not 16 <= head_dim <= MAX_HEAD_DIM or head_dim % 2:
+            raise ValueError(f"head_dim must be even, 16 to {MAX_HEAD_DIM}, got {head_dim}")
+        if window is not None and window < 1:
+            raise ValueError(f"a sliding window must be positive, got {window}")
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads}")
         if kv_cache.stride(-1) != 1 or q.stride(-1) != 1 or k.stride(-1) != 1:
@@ -369,6 +388,10 @@ class TritonAttentionBackend(AttentionBackend):
         # scale, v_scale into the output, so the tiles are only widened, never multiplied.
         qk_scale = scale * LOG2E * kv_scale[0]
         v_scale = kv_scale[1]
+        # The kernels cap scores in the log2 domain they keep them in.
+        softcap_log2 = None if softcap is None else softcap * LOG2E
+        window = NO_WINDOW if window is None else min(window, NO_WINDOW)
+        tile_dim = _next_pow2(head_dim)
         # The products run in the model's dtype (an FP8 cache's tiles are widened to it).
         # fp32 models get true fp32 products (tf32 would break the reference tolerance).
         precision = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -385,11 +408,11 @@ class TritonAttentionBackend(AttentionBackend):
             block_m = small_m if plan.work_q == 1 else max(small_m, MAX_BLOCK_M)
             tok = block_m // g_pad
             n_sub = _cdiv(plan.work_q, tok)
-            block_n, num_warps, num_stages = _tile_config(q.dtype, head_dim)
+            block_n, num_warps, num_stages = _tile_config(q.dtype, tile_dim)
             if plan.work_q == 1:
                 num_warps, num_stages = 4, 2
                 if q.dtype != torch.float32:
-                    block_n, num_warps, num_stages = decode_launch(n_items, head_dim)
+                    block_n, num_warps, num_stages = decode_launch(n_items, tile_dim)
             paged_attention_kernel[(n_items, num_kv_heads, n_sub)](
                 q,
                 out,
@@ -412,12 +435,16 @@ class TritonAttentionBackend(AttentionBackend):
                 qk_scale,
                 v_scale,
                 plan.work_q,
+                window,
+                softcap_log2 or 1.0,
+                SOFTCAP=softcap is not None,
                 TOK=tok,
                 BLOCK_M=block_m,
                 SMALL_M=small_m,
                 G_PAD=g_pad,
                 BLOCK_N=block_n,
-                HEAD_DIM=head_dim,
+                HEAD_DIM=tile_dim,
+                DIM=head_dim,
                 BLOCK_SIZE=block_size,
                 DOT_PRECISION=precision,
                 DOT_F32=dot_f32,
@@ -443,5 +470,7 @@ class TritonAttentionBackend(AttentionBackend):
                 dot_f32,
                 use_pdl,
                 v_scale,
+                window,
+                softcap_log2,
             )
         return out

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.attention.triton_kernels import attend
+from cadence.attention.triton_kernels import NO_WINDOW, attend
 from cadence.ops.fused import gdc_wait
 
 # Launch settings of kernel C and the split rule's constants, from benchmarks/split_kv_sweep.py
@@ -67,9 +67,16 @@ def _partition_size(seq_len, num_parts, min_partition, BLOCK_N: tl.constexpr):
     return tl.maximum(size, min_partition)
 
 
-# The block table's row stride changes every step and num_parts with the batch size:
-# neither may compile a new specialisation.
-@triton.jit(do_not_specialize=["stride_bt", "num_parts"])
+@triton.jit
+def _window_start(seq_len, window, BLOCK_N: tl.constexpr):
+    """The first key tile a decode at position seq_len - 1 sees: partitions cut the keys
+    from there (a sliding window's older keys are never read)."""
+    return tl.maximum(seq_len - window, 0) // BLOCK_N * BLOCK_N
+
+
+# The block table's row stride changes every step and num_parts with the batch size, and a
+# window is any integer: none may compile a new specialisation.
+@triton.jit(do_not_specialize=["stride_bt", "num_parts", "window"])
 def split_kv_kernel(
     q_ptr,
     cache_ptr,
@@ -77,7 +84,7 @@ def split_kv_kernel(
     query_start_ptr,
     seq_lens_ptr,
     split_req_ptr,
-    work_ptr,  # [S, Hq, num_parts, HEAD_DIM + 2] fp32: normalised out, max, sum
+    work_ptr,  # [S, Hq, num_parts, DIM + 2] fp32: normalised out, max, sum
     stride_qt,
     stride_qh,
     stride_ckv,
@@ -91,9 +98,13 @@ def split_kv_kernel(
     min_partition,
     qk_scale,
     v_scale,
+    window,
+    softcap,
+    SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,
@@ -107,19 +118,21 @@ def split_kv_kernel(
     req = tl.load(split_req_ptr + i)
     tok = tl.load(query_start_ptr + req)
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
-    psize = _partition_size(seq_len, num_parts, min_partition, BLOCK_N)
-    kv_lo = part * psize
+    kv_start = _window_start(seq_len, window, BLOCK_N)
+    psize = _partition_size(seq_len - kv_start, num_parts, min_partition, BLOCK_N)
+    kv_lo = kv_start + part * psize
     kv_hi = tl.minimum(seq_len, kv_lo + psize)
     # Partitions past this request's context write nothing; the reduce reads only the
-    # cdiv(seq_len, psize) partitions that exist.
+    # cdiv(seq_len - kv_start, psize) partitions that exist.
     if kv_lo < kv_hi:
         g = tl.arange(0, BLOCK_M)  # one row per query head of the group
         row_ok = g < group
         head = (kvh * group + g).to(tl.int64)
         d = tl.arange(0, HEAD_DIM)
+        io_ok = row_ok[:, None] & (d[None, :] < DIM)
         q = tl.load(
             q_ptr + tok * stride_qt + head[:, None] * stride_qh + d[None, :],
-            mask=row_ok[:, None],
+            mask=io_ok,
             other=0.0,
         )
         q_pos = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)  # a decode sees everything
@@ -134,25 +147,31 @@ def split_kv_kernel(
             stride_ctok,
             kv_lo,
             kv_lo,  # one masked loop: this kernel is bound by memory, not by the masks
+            kv_lo,
             kv_hi,
             qk_scale,
+            window,
+            softcap,
+            SOFTCAP,
             BLOCK_M,
             BLOCK_N,
             HEAD_DIM,
+            DIM,
             BLOCK_SIZE,
             DOT_PRECISION,
             DOT_F32,
             False,
         )
-        # The partition is non-empty and fully visible, so l >= 1 on every row.
-        entry = work_ptr + ((i * num_heads + head) * num_parts + part) * (HEAD_DIM + 2)
-        out = acc / l_i[:, None] * v_scale
-        tl.store(entry[:, None] + d[None, :], out, mask=row_ok[:, None])
-        tl.store(entry + HEAD_DIM, m_i, mask=row_ok)
-        tl.store(entry + HEAD_DIM + 1, l_i, mask=row_ok)
+        # Every key of a partition is visible but the first tile's, whose keys before the
+        # window may be all it has: l = 0 then, and the reduce weighs it 0 (not 0 / 0).
+        entry = work_ptr + ((i * num_heads + head) * num_parts + part) * (DIM + 2)
+        out = acc / tl.maximum(l_i, 1e-30)[:, None] * v_scale
+        tl.store(entry[:, None] + d[None, :], out, mask=io_ok)
+        tl.store(entry + DIM, m_i, mask=row_ok)
+        tl.store(entry + DIM + 1, l_i, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["num_parts"])
+@triton.jit(do_not_specialize=["num_parts", "window"])
 def split_kv_reduce_kernel(
     work_ptr,
     out_ptr,
@@ -164,7 +183,9 @@ def split_kv_reduce_kernel(
     num_heads,
     num_parts,
     min_partition,
+    window,
     HEAD_DIM: tl.constexpr,
+    DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,  # kernel C's, for its partition size
     MAX_PARTS: tl.constexpr,
     PDL: tl.constexpr,
@@ -176,19 +197,21 @@ def split_kv_reduce_kernel(
     req = tl.load(split_req_ptr + i)
     tok = tl.load(query_start_ptr + req)
     seq_len = tl.load(seq_lens_ptr + req).to(tl.int32)
-    n_parts = tl.cdiv(seq_len, _partition_size(seq_len, num_parts, min_partition, BLOCK_N))
+    keys = seq_len - _window_start(seq_len, window, BLOCK_N)
+    n_parts = tl.cdiv(keys, _partition_size(keys, num_parts, min_partition, BLOCK_N))
     p = tl.arange(0, MAX_PARTS)
     ok = p < n_parts
-    entry = work_ptr + ((i * num_heads + h) * num_parts + p) * (HEAD_DIM + 2)
-    m = tl.load(entry + HEAD_DIM, mask=ok, other=float("-inf"))
-    l_p = tl.load(entry + HEAD_DIM + 1, mask=ok, other=0.0)
+    entry = work_ptr + ((i * num_heads + h) * num_parts + p) * (DIM + 2)
+    m = tl.load(entry + DIM, mask=ok, other=float("-inf"))
+    l_p = tl.load(entry + DIM + 1, mask=ok, other=0.0)
     # Partition p's softmax sum relative to the global max; unused partitions weigh 0
     # (and their never-written outputs are masked to 0, so 0 * garbage cannot happen).
     w = tl.where(ok, tl.exp2(m - tl.max(m, 0)) * l_p, 0.0)
     d = tl.arange(0, HEAD_DIM)
-    o = tl.load(entry[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+    o = tl.load(entry[:, None] + d[None, :], mask=ok[:, None] & (d[None, :] < DIM), other=0.0)
     out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
-    tl.store(out_ptr + tok * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty))
+    out_ptrs = out_ptr + tok * stride_ot + h * stride_oh + d
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < DIM)
 
 
 def split_kv_attention(
@@ -206,6 +229,8 @@ def split_kv_attention(
     dot_f32: bool,
     use_pdl: bool,
     v_scale: float = 1.0,
+    window: int = NO_WINDOW,
+    softcap: float | None = None,  # in the log2 domain, as kernel B takes it
 ) -> None:
     """Kernel C then its reduce, for the decodes in `split_req`."""
     n_split = split_req.numel()
@@ -214,7 +239,8 @@ def split_kv_attention(
     group = num_heads // num_kv_heads
     if num_parts > MAX_SPLIT_PARTS:
         raise ValueError(f"num_parts {num_parts} exceeds MAX_SPLIT_PARTS {MAX_SPLIT_PARTS}")
-    block_n = split_block_n(q.dtype, head_dim)
+    tile_dim = triton.next_power_of_2(head_dim)
+    block_n = split_block_n(q.dtype, tile_dim)
     # One workspace for the partials: (out, max, sum) per partition. Under graph capture it
     # comes from the graph's pool, at a fixed address.
     work = torch.empty(
@@ -241,9 +267,13 @@ def split_kv_attention(
         min_partition,
         qk_scale,
         v_scale,
+        window,
+        softcap or 1.0,
+        SOFTCAP=softcap is not None,
         BLOCK_M=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
-        HEAD_DIM=head_dim,
+        HEAD_DIM=tile_dim,
+        DIM=head_dim,
         BLOCK_SIZE=kv_cache.shape[2],
         DOT_PRECISION=precision,
         DOT_F32=dot_f32,
@@ -263,7 +293,9 @@ def split_kv_attention(
         num_heads,
         num_parts,
         min_partition,
-        HEAD_DIM=head_dim,
+        window,
+        HEAD_DIM=tile_dim,
+        DIM=head_dim,
         BLOCK_N=block_n,
         MAX_PARTS=MAX_SPLIT_PARTS,
         PDL=use_pdl,

@@ -76,3 +76,10 @@ class FreeBlockQueue:
 
     def __len__(self) -> int:
         return self.num_free
+
+
+# What a request's block list holds where it let go of a block (its keys are behind every
+# layer's sliding window): the block table names block 0 there. Attention reads no key
+# there unmasked, and block 0 only ever holds finite values (zeroed at start), so a masked
+# read of it adds exactly nothing.
+RELEASED_BLOCK = KVBlock(0)

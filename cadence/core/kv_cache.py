@@ -7,6 +7,12 @@
 
 The manager never asks which prefix cache it has: `get_computed_blocks` asks the cache for a
 request's longest cached prefix, `cache_blocks` tells it which full blocks now hold K/V.
+
+Sliding windows: when every attention layer sees only its last W keys, a request's blocks
+wholly behind the window of its next query token are released as it moves on (its list
+keeps RELEASED_BLOCK in their place, so positions still index blocks). They go back to the
+pool as a finished request's do: still cached, reusable on a hit until evicted. A long
+sequence then holds about W / block_size + 1 blocks, not one per block of its context.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cadence.core.block import KVBlock
+from cadence.core.block import RELEASED_BLOCK, KVBlock
 from cadence.core.block_pool import BlockPool
 from cadence.core.hash_prefix_cache import HashPrefixCache
 from cadence.core.prefix_cache import NoPrefixCache, PrefixCache
@@ -55,7 +61,10 @@ class KVCacheManager:
         enable_caching: bool = True,
         prefix_cache: str = "hash",
         eviction: str = "lru",
+        sliding_window: int | None = None,
     ) -> None:
+        """`sliding_window` W: no attention layer reads a key more than W - 1 positions
+        before its query (None: some layer reads the whole context)."""
         if block_size < 1:
             raise ValueError(f"block_size must be positive, got {block_size}")
         cache = make_prefix_cache(prefix_cache, block_size, eviction)  # (checks the name)
@@ -67,6 +76,13 @@ class KVCacheManager:
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.num_cached_blocks: dict[str, int] = {}  # leading blocks already in the cache
         self.stats = PrefixCacheStats()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be positive, got {sliding_window}")
+        # (A cache that keeps a request's blocks as one path from its first cannot have
+        # holes in it: with one, every block stays held.)
+        self.window = sliding_window if cache.allows_released_prefix else None
+        self.num_released: dict[str, int] = {}  # leading blocks a request let go of
+        self.num_window_releases = 0  # blocks released behind windows, since start
 
     @property
     def usage(self) -> float:
@@ -90,6 +106,18 @@ class KVCacheManager:
     def block_hasher(self):
         """What computes a request's block hashes, if the cache keys by them (else None)."""
         return self.cache.block_hasher
+
+    def longest_alone(self, chunk_tokens: int, lookahead: int = 0) -> int | None:
+        """The longest sequence (tokens) one request can hold alone in the pool, scheduled
+        `chunk_tokens` at a time with `lookahead` slots past them; None: any length (a
+        window and a chunk fit, and the blocks behind the window are released)."""
+        num_blocks = self.pool.num_blocks
+        if self.window is not None:
+            # At most: the blocks of the first query's window, the chunk and its lookahead.
+            peak = -(-(self.window - 1 + chunk_tokens + lookahead) // self.block_size) + 1
+            if peak <= num_blocks:
+                return None
+        return num_blocks * self.block_size - lookahead
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of a request: (blocks, number of tokens they hold).
@@ -133,6 +161,8 @@ class KVCacheManager:
         than this step's forward (a remote prefill): cache_blocks() names them then.
         """
         held = self.req_blocks.setdefault(request.request_id, [])
+        if self.window is not None and held:  # what the last step moved past goes first
+            self._release_behind_window(request.request_id, held, request.num_computed_tokens)
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
         total_tokens = num_computed + num_new_tokens
         num_needed = (
@@ -150,7 +180,24 @@ class KVCacheManager:
         held.extend(new_blocks)
         if cache:
             self.cache_blocks(request, total_tokens)
+        if self.window is not None and new_computed_blocks:  # hits behind the window
+            self._release_behind_window(request.request_id, held, num_computed)
         return new_blocks
+
+    def _release_behind_window(self, rid: str, held: list[KVBlock], num_computed: int) -> None:
+        """Let go of the leading blocks no query from position `num_computed` on can see:
+        keys before num_computed - W + 1. Only blocks the prefix cache has settled (named,
+        or nothing to name) go, so a later insert never meets a hole."""
+        behind = (num_computed - self.window + 1) // self.block_size
+        end = min(behind, self.num_cached_blocks.get(rid, 0), len(held))
+        start = self.num_released.get(rid, 0)
+        if end <= start:
+            return
+        gone = held[start:end]
+        held[start:end] = [RELEASED_BLOCK] * (end - start)
+        self.num_released[rid] = end
+        self.num_window_releases += end - start
+        self.pool.free(reversed(gone))
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Enter the request's full blocks among its first `num_tokens` tokens in the prefix
@@ -164,7 +211,8 @@ class KVCacheManager:
         """Release every block of a request, tail first, so shared trunks outlive leaves."""
         blocks = self.req_blocks.pop(request.request_id, [])
         self.num_cached_blocks.pop(request.request_id, None)
-        self.pool.free(reversed(blocks))
+        released = self.num_released.pop(request.request_id, 0)
+        self.pool.free(reversed(blocks[released:]))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, [])]
@@ -173,4 +221,10 @@ class KVCacheManager:
         return self.pool.reset_prefix_cache()
 
     def check_integrity(self) -> None:
-        self.pool.check_integrity(self.req_blocks)
+        held = {}
+        for rid, blocks in self.req_blocks.items():
+            released = self.num_released.get(rid, 0)
+            assert all(b is RELEASED_BLOCK for b in blocks[:released]), rid
+            assert all(b is not RELEASED_BLOCK for b in blocks[released:]), rid
+            held[rid] = blocks[released:]
+        self.pool.check_integrity(held)

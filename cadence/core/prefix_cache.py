@@ -33,6 +33,9 @@ class PrefixCache(ABC):
     kind = "off"
     # Requests' block hashes (Request.block_hashes), where this cache keys by them.
     block_hasher: Callable[[Request], list[bytes]] | None = None
+    # Whether a request may let go of its leading blocks while it runs (sliding windows):
+    # a cache that inserts a request's blocks as one path from its first block may not.
+    allows_released_prefix = True
 
     @property
     @abstractmethod
@@ -101,7 +104,7 @@ class NoPrefixCache(PrefixCache):
     def insert(
         self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
     ) -> int:
-        return start
+        return len(blocks)  # nothing to name: every block is as settled as it gets
 
     def reset(self) -> list[KVBlock]:
         return []

@@ -226,6 +226,7 @@ class RadixTree:
 
 class RadixPrefixCache(PrefixCache):
     kind = "radix"
+    allows_released_prefix = False  # a request's blocks go in as one path from the root
 
     def __init__(self, block_size: int, eviction: str = "lru") -> None:
         if eviction not in EVICTION_POLICIES:

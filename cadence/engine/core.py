@@ -53,25 +53,29 @@ class EngineCore:
         # parallel ranks elsewhere too); `runner` is the name the loop reads it by.
         self.runner = make_executor(config)
         cache = config.cache
-        # (Speculation: a request also holds k lookahead slots past its tokens.)
-        pool_tokens = self.runner.num_blocks * cache.block_size - config.num_lookahead_tokens
-        self.max_model_len = self.runner.max_model_len
-        if pool_tokens < self.max_model_len:
-            # A request the pool cannot hold alone would preempt itself forever.
-            logger.warning(
-                "max_model_len lowered from %d to %d tokens to fit the KV pool",
-                self.max_model_len,
-                pool_tokens,
-            )
-            self.max_model_len = pool_tokens
-        config.scheduler.max_model_len = self.max_model_len
         self.kv = KVCacheManager(
             self.runner.num_blocks,
             cache.block_size,
             cache.enable_prefix_caching,
             cache.prefix_cache,
             cache.radix_eviction_policy,
+            # Disaggregation moves whole prompts' blocks: they must all stay held.
+            sliding_window=None if config.kv_role else self.runner.kv_window,
         )
+        self.max_model_len = self.runner.max_model_len
+        # (Speculation: a request also holds k lookahead slots past its tokens.)
+        longest = self.kv.longest_alone(
+            config.scheduler.max_num_batched_tokens, config.num_lookahead_tokens
+        )
+        if longest is not None and longest < self.max_model_len:
+            # A request the pool cannot hold alone would preempt itself forever.
+            logger.warning(
+                "max_model_len lowered from %d to %d tokens to fit the KV pool",
+                self.max_model_len,
+                longest,
+            )
+            self.max_model_len = longest
+        config.scheduler.max_model_len = self.max_model_len
         # Disaggregated serving: moves prompt K/V between engines (a null object without
         # --kv-role); the scheduler's side of it is built with the scheduler.
         self.kv_connector = make_connector(config, self.runner.kv_caches)

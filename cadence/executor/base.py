@@ -67,6 +67,12 @@ class Executor(ABC):
         return self.driver.model_path
 
     @property
+    def kv_window(self) -> int | None:
+        """Keys this far behind a query no layer reads (every layer slides); None: no such
+        bound. The KV manager releases blocks behind it."""
+        return self.driver.kv_window
+
+    @property
     def kv_caches(self) -> list[torch.Tensor]:
         """Rank 0's K/V tensors, one per attention layer (a K/V connector moves them)."""
         return self.driver.kv_caches

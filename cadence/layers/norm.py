@@ -55,6 +55,12 @@ class GemmaRMSNorm(nn.Module):
         return (out * (1.0 + self.weight.float())).type_as(x)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+            from cadence.ops import fused  # one kernel: Gemma 2 runs four norms a layer
+
+            if residual is None:
+                return fused.rms_norm(x, self.weight, self.eps, gemma=True)
+            return fused.add_rms_norm(x, residual, self.weight, self.eps, gemma=True)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -65,6 +65,7 @@ def _rms_norm_kernel(
     n_cols,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    GEMMA: tl.constexpr,  # weight stored as an offset from 1, product in float32 (Gemma)
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -81,16 +82,22 @@ def _rms_norm_kernel(
         tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
-    y = (xf * tl.math.rsqrt(var + eps)).to(dtype)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    tl.store(
-        out_ptr + row * stride_out + cols,
-        (w.to(tl.float32) * y.to(tl.float32)).to(dtype),
-        mask=mask,
-    )
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if GEMMA:  # (x_hat * (1 + w)).to(dtype): one rounding, as layers.norm.GemmaRMSNorm
+        out = (xf * tl.math.rsqrt(var + eps) * (1.0 + w)).to(dtype)
+    else:  # w * x_hat.to(dtype), rounded twice as RMSNorm (and transformers' Llama) does
+        y = (xf * tl.math.rsqrt(var + eps)).to(dtype)
+        out = (w * y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
 
 
-def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float):
+def _norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    gemma: bool = False,
+):
     rows, cols = x.shape
     out = torch.empty_like(x)
     res_out = torch.empty_like(x) if residual is not None else out
@@ -108,6 +115,7 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
             cols,
             eps,
             HAS_RESIDUAL=residual is not None,
+            GEMMA=gemma,
             BLOCK=_pow2(cols),
             PDL=pdl(x.device),
             num_warps=8 if cols >= 2048 else 4,
@@ -116,20 +124,28 @@ def _norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, 
     return out, res_out
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _norm(x, None, weight, eps)[0]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False):
+    """RMSNorm of each row (`gemma`: GemmaRMSNorm's weight convention and rounding)."""
+    return _norm(x, None, weight, eps, gemma)[0]
 
 
 def add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), as RMSNorm.forward(x, residual) returns."""
-    return _norm(x, residual, weight, eps)
+    return _norm(x, residual, weight, eps, gemma)
 
 
 @triton.jit
 def _silu_and_mul_kernel(
-    x_ptr, out_ptr, stride_x, stride_out, d, BLOCK: tl.constexpr, PDL: tl.constexpr
+    x_ptr,
+    out_ptr,
+    stride_x,
+    stride_out,
+    d,
+    GELU_TANH: tl.constexpr,  # gelu(gate, approximate="tanh") instead of silu (GeGLU)
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
@@ -140,7 +156,12 @@ def _silu_and_mul_kernel(
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
     dtype = gate.dtype
     g = gate.to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dtype)
+    if GELU_TANH:
+        # 0.5 g (1 + tanh(u)) = g * sigmoid(2u), u = sqrt(2 / pi) (g + 0.044715 g^3)
+        u = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+        act = (g / (1.0 + tl.exp(-2.0 * u))).to(dtype)
+    else:
+        act = (g / (1.0 + tl.exp(-g))).to(dtype)
     tl.store(
         out_ptr + row * stride_out + cols,
         (act.to(tl.float32) * up.to(tl.float32)).to(dtype),
@@ -148,7 +169,8 @@ def _silu_and_mul_kernel(
     )
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, gelu_tanh: bool = False) -> torch.Tensor:
+    """[gate | up] rows -> act(gate) * up; act is SiLU, or `gelu_tanh` (GeGLU)."""
     rows, two_d = x.shape
     d = two_d // 2
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
@@ -160,6 +182,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
             x.stride(0),
             out.stride(0),
             d,
+            GELU_TANH=gelu_tanh,
             BLOCK=block,
             PDL=pdl(x.device),
             num_warps=4,

@@ -175,7 +175,7 @@ class ModelRunner:
         release_freed_memory()  # what loading and profiling freed, back to the OS
 
     def _make_backend(self, name: str) -> AttentionBackend:
-        return make_attention_backend(name, self.device, self.hf_config, self.max_model_len)
+        return make_attention_backend(name, self.device, self.hf_config)
 
     def _target_view(self) -> TargetView:
         return TargetView(
@@ -200,6 +200,18 @@ class ModelRunner:
         return True
 
     # ---- memory -----------------------------------------------------------------------
+
+    @property
+    def kv_window(self) -> int | None:
+        """The sliding window every attention layer shares (its narrowest), so keys further
+        back are never read again; None where a layer reads the whole context, or a drafter
+        keeps K/V of its own in the same blocks."""
+        windows = [layer.window for layer in self.model.attention_layers()]
+        if not windows or None in windows:
+            return None
+        if self.drafter is not None and self.drafter.kv_bytes_per_block():
+            return None
+        return min(windows)
 
     def _kv_bytes_per_block(self) -> int:
         own = kv_bytes_per_block(self.model, self.block_size, self.kv_dtype)

@@ -50,6 +50,8 @@ class Case:
     # Every request a decode, run through the fixed plan a CUDA graph captures
     # (decode_plan; split-KV when split_kv is True) instead of build()'s.
     graph_plan: bool = False
+    window: int | None = None  # a sliding-window layer's W
+    softcap: float | None = None  # Gemma 2's score cap
 
 
 def _random_mixed(seed: int, num_reqs: int, max_ctx: int, **kw) -> Case:
@@ -99,6 +101,19 @@ CPU_CASES = [
     Case("graph_split_bf16_g4", (1, 1), (1030, 64), 4, 1, 128, dtype="bfloat16", split_kv=True,
          split_min_partition=256, graph_plan=True),
     Case("graph_plain_decodes", (1, 1, 1), (1, 300, 45), split_kv=False, graph_plan=True),
+    # Layer options. A 40-token chunk at 260 with W = 100: its tiles start past the window,
+    # some keys only its first rows see (masked), a middle every row sees, the causal tail.
+    Case("window_mixed_g2", (1, 40, 1, 7), (300, 300, 90, 7), window=100),
+    Case("window_shorter_than_chunk", (1, 70), (20, 200), 4, 1, window=24, block_size=8),
+    Case("window_split_decodes", (1, 1, 1), (400, 30, 1000), window=130, split_kv=True),
+    Case("window_graph_split_bf16", (1, 1), (700, 1), 4, 1, 128, dtype="bfloat16",
+         window=200, split_kv=True, graph_plan=True),
+    Case("softcap_mixed_bf16", (1, 33, 1), (150, 60, 9), 4, 2, dtype="bfloat16", softcap=2.0),
+    Case("softcap_window_split", (1, 1, 9), (300, 64, 9), window=50, softcap=3.0,
+         split_kv=True),
+    Case("head_dim_96_rotary", (1, 21, 1), (80, 50, 33), 6, 2, 96, rotary=True),
+    Case("head_dim_80_split_bf16", (1, 1), (333, 90), 4, 1, 80, dtype="bfloat16",
+         split_kv=True),
 ]  # fmt: skip
 
 
@@ -172,6 +187,8 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         ref_backend.build(meta()),
         scale,
         tuple(c.float() for c in rotary) if rotary else None,
+        window=case.window,
+        softcap=case.softcap,
     )
     # The cache the backend must leave: the step's K (rotated, by PyTorch's ops in the
     # activation dtype) and V copied into their slots.
@@ -192,7 +209,9 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         m.backend_data = backend.decode_plan(
             len(case.query_lens), torch.device(device), split=bool(case.split_kv)
         )
-    out = backend.forward(q, k, v, cache, m, scale, rotary)
+    out = backend.forward(
+        q, k, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap
+    )
     if device != "cpu":
         torch.cuda.synchronize()
     err = (out.float() - ref).abs()
@@ -353,6 +372,20 @@ GPU_CASES = [
          split_min_partition=256, graph_plan=True),
     Case("graph_split_b8_ctx4k_padded", (1,) * 8, (4000,) * 6 + (1, 1), 32, 8, 128,
          dtype="bfloat16", split_kv=True, split_min_partition=256, graph_plan=True),
+    # The zoo's shapes: Mistral's window at 8k, Gemma 2 (head dim 256, soft-cap, window),
+    # Phi-3 (head dim 96, window 2,047, one query head per kv head).
+    Case("mistral_window_prefill_8k", (8000,), (8000,), 32, 8, 128, dtype="bfloat16",
+         window=4096),
+    Case("mistral_window_split_b1_8k", (1,), (8256,), 32, 8, 128, dtype="bfloat16",
+         window=4096, split_kv=None),
+    Case("gemma2_mixed_softcap_window", (1, 700, 1) + (1,) * 8, (5000, 3000, 90) + (600,) * 8,
+         16, 8, 256, dtype="bfloat16", window=4096, softcap=50.0),
+    Case("gemma2_decode64", (1,) * 64, tuple(300 + 50 * i for i in range(64)), 16, 8, 256,
+         dtype="bfloat16", softcap=50.0, rotary=True),
+    Case("phi3_mixed_rotary_d96", (1, 500, 1), (3000, 2500, 40), 32, 32, 96, dtype="bfloat16",
+         window=2047, rotary=True),
+    Case("phi3_decode64_d96", (1,) * 64, tuple(100 + 60 * i for i in range(64)), 32, 32, 96,
+         dtype="bfloat16", window=2047),
 ]  # fmt: skip
 
 

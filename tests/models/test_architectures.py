@@ -58,18 +58,20 @@ def test_a_window_as_long_as_the_context_is_no_window():
 
 
 @pytest.mark.parametrize(
-    ("kind", "max_len", "lack"),
+    ("kind", "head_dim", "lack"),
     [
-        ("gemma2", None, "soft-capped"),
-        ("mistral-window", None, "sliding window of 8"),
-        ("mistral-window", 8, None),  # the window covers every sequence
-        ("qwen2", None, None),
-        ("llama", None, None),
+        ("gemma2", None, None),  # soft-caps and windows: the Triton kernels take them
+        ("mistral-window", None, None),
+        ("llama", 96, None),  # Phi-3's width: padded tiles
+        ("llama", 512, "head dim of 512"),
+        ("llama", 15, "head dim of 15"),
     ],
 )
-def test_what_the_triton_kernels_lack_is_read_from_the_config(kind, max_len, lack):
+def test_what_the_triton_kernels_lack_is_read_from_the_config(kind, head_dim, lack):
     config, _ = build_tiny(kind)
-    found = beyond_triton(config, max_len)
+    if head_dim:
+        config.head_dim = head_dim
+    found = beyond_triton(config)
     assert (found is None) if lack is None else (lack in found)
 
 

@@ -10,11 +10,18 @@ from __future__ import annotations
 import pytest
 import torch
 from model_helpers import WINDOW, ZOO, hf_greedy, make_prompts
+from transformers import AutoConfig
 
 from cadence import LLM, SamplingParams
+from cadence.models.decoder import layer_window
 
 LENGTHS = [3, 2 * WINDOW + 5, 17, 40, WINDOW]
 NEW_TOKENS = 12
+
+
+def _every_layer_slides(path: str) -> bool:
+    config = AutoConfig.from_pretrained(path)
+    return all(layer_window(config, i) for i in range(config.num_hidden_layers))
 
 
 @pytest.mark.parametrize("kind", sorted(ZOO))
@@ -26,19 +33,20 @@ def test_greedy_equals_transformers_chunked_preempted_and_cached(kind, tiny_mode
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=3)
     requests = [{"prompt_token_ids": p} for p in prompts]
     # A 16-token budget chunks the long prompts beside decoding requests; 24 blocks of 4
-    # tokens cannot hold all five requests at full length, so some are preempted.
-    llm = LLM(
-        path,
-        dtype="float32",
-        block_size=4,
-        max_num_batched_tokens=16,
-        num_gpu_blocks_override=24,
-        check_kv_integrity=True,
-    )
+    # tokens cannot hold all five requests at full length, so some are preempted. Where
+    # every layer slides, requests release the blocks behind their window, so it takes a
+    # pool of 9 to make them preempt (and one of 9 keeps too little cached for hits).
+    windowed = _every_layer_slides(path)
+    kw = dict(dtype="float32", block_size=4, max_num_batched_tokens=16, check_kv_integrity=True)
+    llm = LLM(path, num_gpu_blocks_override=9 if windowed else 24, **kw)
     got = llm.generate(requests, params, use_tqdm=False)
     assert llm.engine.scheduler.num_preemptions > 0
+    assert (llm.engine.kv.num_window_releases > 0) == windowed
     assert [o.outputs[0].token_ids for o in got] == expected
-    # Again: prompts whose blocks are still cached start from them.
+    # Again: prompts whose blocks are still cached start from them (released blocks too).
+    if windowed:
+        llm = LLM(path, num_gpu_blocks_override=64, **kw)
+        llm.generate(requests, params, use_tqdm=False)
     again = llm.generate(requests, params, use_tqdm=False)
     assert any(o.num_cached_tokens > 0 for o in again)
     assert [o.outputs[0].token_ids for o in again] == expected

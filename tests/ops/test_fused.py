@@ -18,7 +18,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 
 def check_all(device: str) -> None:
     from cadence.layers.activation import SiluAndMul
-    from cadence.layers.norm import RMSNorm
+    from cadence.layers.norm import GemmaRMSNorm, RMSNorm
     from cadence.layers.rotary import _rotate_half
     from cadence.ops import fused
 
@@ -42,10 +42,28 @@ def check_all(device: str) -> None:
                 got_res, want_res, atol=0 if exact else tol, rtol=0 if exact else tol
             )
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-        # SiLU and mul, over a strided view (rows of a wider buffer).
+        # Gemma's RMSNorm (weight as an offset from 1, one rounding), with the residual.
+        norm = GemmaRMSNorm(100, 1e-6).to(device, dtype)
+        norm.weight.data.uniform_(-0.5, 0.5)
+        x = torch.randn(5, 100, device=device, dtype=dtype)
+        r = torch.randn(5, 100, device=device, dtype=dtype)
+        torch.testing.assert_close(
+            fused.rms_norm(x, norm.weight, norm.eps, gemma=True), norm._norm(x), atol=tol, rtol=tol
+        )
+        got, got_res = fused.add_rms_norm(x, r, norm.weight, norm.eps, gemma=True)
+        torch.testing.assert_close(got, norm._norm(x + r), atol=tol, rtol=tol)
+        torch.testing.assert_close(got_res, x + r, atol=tol, rtol=tol)
+        # SiLU (and GeGLU's tanh GELU) and mul, over a strided view (rows of a wider buffer).
         buf = torch.randn(4, 2 * 48 + 8, device=device, dtype=dtype)
         x = buf[:, : 2 * 48]
         torch.testing.assert_close(fused.silu_and_mul(x), SiluAndMul()(x), atol=tol, rtol=tol)
+        gate, up = x.chunk(2, dim=-1)
+        torch.testing.assert_close(
+            fused.silu_and_mul(x, gelu_tanh=True),
+            torch.nn.functional.gelu(gate, approximate="tanh") * up,
+            atol=tol,
+            rtol=tol,
+        )
         # Rotary in place on q / k views of a fused qkv buffer, GQA 4:2, head_dim 16.
         t, hq, hk, d = 6, 4, 2, 16
         qkv = torch.randn(t, (hq + 2 * hk) * d, device=device, dtype=dtype)

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 import torch
-from model_helpers import ARCHS, hf_greedy, make_prompts
+from model_helpers import ARCHS, WINDOW, hf_greedy, make_prompts
 
 from cadence import LLM, SamplingParams
 
@@ -44,6 +44,39 @@ def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.driver.graphs.num_replays > 0  # decode steps replayed graphs
     assert llm.engine.runner.driver.mixed_graphs.num_replays > 0  # and prefill steps theirs
+
+
+# The families whose attention differs on the Triton path: windows (interleaved or not),
+# soft-caps, head dims that are not powers of two, per-layer rotary tables.
+ZOO_ON_TRITON = [
+    "mistral-window",
+    "mistral-window-d24",
+    "qwen2-window",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "cohere2",
+]
+
+
+@pytest.mark.parametrize("kind", ZOO_ON_TRITON)
+def test_zoo_float32_greedy_equals_transformers_on_triton(kind, tiny_model_dir, hf_model):
+    path = tiny_model_dir(kind)
+    prompts = make_prompts(512, [3, 2 * WINDOW + 5, 17, 40, WINDOW, 70], seed=11)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    # A 16-token budget chunks the long prompts beside decodes, through graphs and not.
+    llm = LLM(
+        path,
+        device="cuda",
+        dtype="float32",
+        num_gpu_blocks_override=512,
+        max_num_batched_tokens=16,
+        async_scheduling=False,
+        cuda_graph_prefill=True,
+    )
+    assert llm.engine.runner.driver.backend.name == "triton"
+    assert generate(llm, prompts) == expected
+    assert llm.engine.runner.driver.graphs.num_replays > 0
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])

@@ -1,0 +1,92 @@
+"""KV capacity of a sliding-window model at long context (issue 31): how many sequences of
+`--context` tokens the KV pool holds at once when requests release the blocks behind their
+window (the engine does, where every layer slides), against holding every block.
+
+Runs `--requests` sequences of random prompt ids through the engine step by step and
+records, measured: the pool's size, the most requests running at once, and the blocks a
+decoding sequence holds (the engine's own accounting). "Without release" is each
+sequence's full context in blocks, the same pool divided by it.
+
+    python benchmarks/window_capacity.py benchmarks/mistral-7b-v0.1 --load-format dummy \\
+        --dtype bfloat16 --context 32000 --requests 40 --json out.json
+
+(PYTHONPATH must name the checkout, as for the other scripts here.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from cadence import LLM, SamplingParams
+from cadence.core.block import RELEASED_BLOCK
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--context", type=int, default=32000, help="prompt tokens per sequence")
+    ap.add_argument("--max-tokens", type=int, default=256, help="long enough to overlap")
+    ap.add_argument("--requests", type=int, default=40)
+    ap.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    kw = dict(load_format=args.load_format, dtype=args.dtype)
+    for name in ("device", "num_gpu_blocks_override", "max_num_batched_tokens"):
+        if getattr(args, name) is not None:
+            kw[name] = getattr(args, name)
+    llm = LLM(args.model, max_model_len=args.context + args.max_tokens, **kw)
+    engine = llm.engine
+    kv = engine.kv
+    rng = random.Random(0)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    vocab = engine.vocab_size
+    for i in range(args.requests):
+        ids = [rng.randrange(vocab) for _ in range(args.context)]
+        engine.add_request(f"r{i}", ids, params)
+    peak_running = peak_decode_blocks = 0
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        engine.step()
+        running = engine.scheduler.running
+        peak_running = max(peak_running, len(running))
+        for req in running:
+            # Decoding, past the step that released its last prompt chunk's window.
+            if req.num_output_tokens >= 2:
+                blocks = kv.req_blocks.get(req.request_id, [])
+                held = sum(1 for b in blocks if b is not RELEASED_BLOCK)
+                peak_decode_blocks = max(peak_decode_blocks, held)
+    elapsed = time.perf_counter() - t0
+    bs = kv.block_size
+    full = -(-(args.context + args.max_tokens) // bs)
+    result = {
+        "model": args.model,
+        "window": kv.window,
+        "block_size": bs,
+        "pool_blocks": kv.pool.num_blocks,
+        "context": args.context,
+        "requests": args.requests,
+        "peak_running": peak_running,
+        "blocks_per_decoding_sequence": peak_decode_blocks,
+        "blocks_per_sequence_without_release": full,
+        "sequences_held_with_release": kv.pool.num_blocks // max(peak_decode_blocks, 1),
+        "sequences_held_without_release": kv.pool.num_blocks // full,
+        "capacity_gain": full / max(peak_decode_blocks, 1),
+        "window_releases": kv.num_window_releases,
+        "seconds": round(elapsed, 1),
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The Triton attention kernels inside whole models of the zoo, on the CPU: sliding windows
+(Mistral's, Gemma 2's interleaved ones), soft-capped scores (Gemma 2) and a head dim that
+is not a power of two (24, padded to 32 as Phi-3's 96 is to 128) give transformers' greedy
+tokens in float32 with chunked prefill beside decodes.
+
+The kernels run under Triton's interpreter in a child process (tests/interpreter_child.py):
+this process builds the models and transformers' tokens, the child serves the same
+prompts with `attention_backend="triton"` and prints what it generated. The GPU runs the
+same families with compiled kernels and CUDA graphs (tests/worker/test_cuda_runner.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from interpreter_child import interpreter_report
+from model_helpers import WINDOW, hf_greedy, make_prompts
+
+KINDS = ["gemma2", "mistral-window-d24"]
+LENGTHS = [3, 2 * WINDOW + 5, 40]
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def triton_tokens(tiny_model_dir) -> dict:
+    paths = {kind: tiny_model_dir(kind) for kind in KINDS}
+    return interpreter_report(__file__, json.dumps(paths))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_zoo_on_the_triton_kernels_equals_transformers(
+    kind, tiny_model_dir, hf_model, triton_tokens
+):
+    model = hf_model(tiny_model_dir(kind))
+    prompts = make_prompts(512, LENGTHS, seed=11)
+    expected = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
+    got = triton_tokens[kind]
+    assert got["backend"] == "triton"
+    assert got["tokens"] == expected
+
+
+def _child(paths: dict[str, str]) -> None:
+    import torch
+
+    from cadence import LLM, SamplingParams
+
+    torch.set_num_threads(1)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    prompts = [{"prompt_token_ids": p} for p in make_prompts(512, LENGTHS, seed=11)]
+    report = {}
+    for kind, path in paths.items():
+        # A 16-token budget chunks the longer prompts beside the others' decodes.
+        llm = LLM(
+            path,
+            dtype="float32",
+            attention_backend="triton",
+            max_num_batched_tokens=16,
+            block_size=4,
+            num_gpu_blocks_override=64,
+        )
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        report[kind] = {
+            "backend": llm.engine.runner.driver.backend.name,
+            "tokens": [o.outputs[0].token_ids for o in outs],
+        }
+    print(json.dumps(report))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--interpreter-cases"]:
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    _child(json.loads(sys.argv[2]))
