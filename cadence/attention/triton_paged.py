@@ -388,8 +388,9 @@ class TritonAttentionBackend(AttentionBackend):
         # scale, v_scale into the output, so the tiles are only widened, never multiplied.
         qk_scale = scale * LOG2E * kv_scale[0]
         v_scale = kv_scale[1]
-        # The kernels cap scores in the log2 domain they keep them in.
-        softcap_log2 = None if softcap is None else softcap * LOG2E
+        # The kernels cap scores in the log2 domain they keep them in (a cap of 0: none, as
+        # the other backends and transformers read it).
+        softcap_log2 = softcap * LOG2E if softcap else None
         window = NO_WINDOW if window is None else min(window, NO_WINDOW)
         tile_dim = _next_pow2(head_dim)
         # The products run in the model's dtype (an FP8 cache's tiles are widened to it).
@@ -437,7 +438,7 @@ class TritonAttentionBackend(AttentionBackend):
                 plan.work_q,
                 window,
                 softcap_log2 or 1.0,
-                SOFTCAP=softcap is not None,
+                SOFTCAP=softcap_log2 is not None,
                 TOK=tok,
                 BLOCK_M=block_m,
                 SMALL_M=small_m,

@@ -11,8 +11,9 @@ request's longest cached prefix, `cache_blocks` tells it which full blocks now h
 Sliding windows: when every attention layer sees only its last W keys, a request's blocks
 wholly behind the window of its next query token are released as it moves on (its list
 keeps RELEASED_BLOCK in their place, so positions still index blocks). They go back to the
-pool as a finished request's do: still cached, reusable on a hit until evicted. A long
-sequence then holds about W / block_size + 1 blocks, not one per block of its context.
+pool as a finished request's do: still cached, reusable on a hit until evicted; prefix hits
+behind the window are never taken. A long sequence then holds about W / block_size + 1
+blocks, not one per block of its context.
 """
 
 from __future__ import annotations
@@ -160,28 +161,37 @@ class KVCacheManager:
         if the pool cannot supply them. `cache=False`: the new tokens' K/V arrives later
         than this step's forward (a remote prefill): cache_blocks() names them then.
         """
-        held = self.req_blocks.setdefault(request.request_id, [])
+        rid = request.request_id
+        held = self.req_blocks.setdefault(rid, [])
         if self.window is not None and held:  # what the last step moved past goes first
-            self._release_behind_window(request.request_id, held, request.num_computed_tokens)
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+            self._release_behind_window(rid, held, request.num_computed_tokens)
+        hits = list(new_computed_blocks)
+        num_computed = request.num_computed_tokens + len(hits) * self.block_size
         total_tokens = num_computed + num_new_tokens
-        num_needed = (
-            -(-(total_tokens + lookahead) // self.block_size) - len(held) - len(new_computed_blocks)
-        )
+        num_needed = -(-(total_tokens + lookahead) // self.block_size) - len(held) - len(hits)
+        # Hits behind the window are never taken (a prefix longer than the pool must still
+        # fit): the request starts with them released. (Hits come only to a request that
+        # holds nothing yet.)
+        skipped = 0
+        if self.window is not None and not held:
+            behind = (num_computed - self.window + 1) // self.block_size
+            skipped = min(max(behind, 0), len(hits))
+        kept = hits[skipped:]
         # Hits that sit in the free queue leave it when touched, so they cost free slots too.
-        num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        num_revived = sum(1 for b in kept if b.ref_cnt == 0)
         if num_needed + num_revived > self.pool.num_free_blocks:
             if not held:
-                del self.req_blocks[request.request_id]
+                del self.req_blocks[rid]
             return None
-        self.pool.touch(new_computed_blocks)
-        held.extend(new_computed_blocks)
+        self.pool.touch(kept)
+        held.extend([RELEASED_BLOCK] * skipped + kept)
+        if skipped:  # named already (they are hits): no insert may stamp the placeholders
+            self.num_released[rid] = skipped
+            self.num_cached_blocks[rid] = max(self.num_cached_blocks.get(rid, 0), len(hits))
         new_blocks = self.pool.get_new_blocks(max(num_needed, 0))
         held.extend(new_blocks)
         if cache:
             self.cache_blocks(request, total_tokens)
-        if self.window is not None and new_computed_blocks:  # hits behind the window
-            self._release_behind_window(request.request_id, held, num_computed)
         return new_blocks
 
     def _release_behind_window(self, rid: str, held: list[KVBlock], num_computed: int) -> None:

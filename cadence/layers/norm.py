@@ -78,3 +78,20 @@ class LayerNorm(nn.LayerNorm):
             return super().forward(x)
         x = x + residual
         return super().forward(x), x
+
+
+class HeadLayerNorm(nn.Module):
+    """A bias-free LayerNorm over each head of q or k, each head with a weight of its own:
+    weight [heads, head_dim]; x [T, heads, head_dim]. Statistics and the product in float32,
+    one rounding back (Cohere's CohereLayerNorm; StableLM's per-head nn.LayerNorms)."""
+
+    def __init__(self, num_heads: int, head_dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num_heads, head_dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        centred = xf - xf.mean(-1, keepdim=True)
+        var = centred.pow(2).mean(-1, keepdim=True)
+        return (self.weight.float() * (centred * torch.rsqrt(var + self.eps))).to(x.dtype)

@@ -61,17 +61,47 @@ def _llama3_frequencies(inv: torch.Tensor, p: dict) -> torch.Tensor:
     return torch.where(between, blended, slowed)
 
 
+def _longrope_switch(config, layer_type: str | None) -> int | None:
+    """Where a LongRoPE config (Phi-3.5, Phi-3-128k) switches from its short factors to its
+    long ones: positions from original_max_position_embeddings on (None: not LongRoPE)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
+    scaling = getattr(config, "rope_scaling", None) or {}
+    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
+    if kind != "longrope":
+        return None
+    original = params.get("original_max_position_embeddings") or getattr(
+        config, "original_max_position_embeddings", None
+    )
+    return original or None
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(
         self, config, head_dim: int, max_position: int, layer_type: str | None = None
     ) -> None:
-        """Tables for `head_dim` rotated dims (fewer than a head's under partial rotary)."""
+        """Tables for `head_dim` rotated dims (fewer than a head's under partial rotary).
+
+        LongRoPE: positions before the original context take the short factors, later ones
+        the long factors (transformers applies the long ones to a whole sequence once it
+        is longer than the original context, re-rotating every cached key; a paged cache
+        keeps each key as written, so the table switches by position, as vLLM's does).
+        Both carry the same attention scale."""
         super().__init__()
         inv_freq, scale = _inv_freq(config, head_dim, layer_type)
         pos = torch.arange(max_position, dtype=torch.float32)
         # transformers' rope init functions return CPU tensors; the model may be built
         # under `with torch.device("cuda")`.
         freqs = pos[:, None] * inv_freq.float().to(pos.device)[None, :]
+        switch = _longrope_switch(config, layer_type)
+        if switch is not None and switch < max_position:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            kw = {"layer_type": layer_type} if layer_type is not None else {}
+            long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](config, "cpu", seq_len=switch + 1, **kw)
+            long = pos[switch:, None] * long_inv.float().to(pos.device)[None, :]
+            freqs = torch.cat((freqs[:switch], long))
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * scale, persistent=False)
         self.register_buffer("sin", emb.sin() * scale, persistent=False)

@@ -2,7 +2,9 @@
 
     qkv_bias / o_bias   biases on the fused q/k/v projection and on o_proj
     qk_norm             "head": an RMSNorm over each head of q and k (Qwen3, Gemma 3);
-                        "full": one over all of q and all of k, before the heads split (OLMo 2)
+                        "full": one over all of q and all of k, before the heads split (OLMo 2);
+                        "per_head": a LayerNorm over each head with a weight of its own
+                        (Cohere's use_qk_norm, StableLM's qk_layernorm)
     norm                the RMSNorm kind qk_norm uses (Gemma's scales by 1 + w)
     scale               the score scale (head_dim ** -0.5 unless a family says otherwise)
     rotary_dim          how many leading dims of each head rotate (partial rotary: StableLM);
@@ -28,7 +30,7 @@ from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.distributed.communication import all_reduce
 from cadence.distributed.parallel_state import get_tp
 from cadence.layers.linear import ColumnParallelLinear, ColumnShard, RowParallelLinear, divide
-from cadence.layers.norm import RMSNorm
+from cadence.layers.norm import HeadLayerNorm, RMSNorm
 from cadence.layers.rotary import apply_rotary
 from cadence.models.fused import batch1_gemv
 
@@ -37,7 +39,7 @@ from cadence.models.fused import batch1_gemv
 class AttentionOptions:
     qkv_bias: bool = False
     o_bias: bool = False
-    qk_norm: str | None = None  # None | "head" | "full"
+    qk_norm: str | None = None  # None | "head" | "full" | "per_head"
     norm: type[nn.Module] = RMSNorm
     scale: float | None = None  # None: head_dim ** -0.5
     rotary_dim: int | None = None  # None: the whole head
@@ -80,17 +82,20 @@ class Attention(nn.Module):
             bias=options.o_bias,
             what="the number of attention heads",
         )
-        eps = getattr(config, "rms_norm_eps", 1e-6)
-        if options.qk_norm == "full" and get_tp().size > 1:
-            raise ValueError("q/k norms over all heads need the whole projection on one rank")
-        norm_dims = {
-            "head": (self.head_dim, self.head_dim),
-            "full": (self.q_size, self.kv_size),
-            None: None,
-        }[options.qk_norm]
+        eps = getattr(config, "rms_norm_eps", None) or getattr(config, "layer_norm_eps", 1e-6)
+        if options.qk_norm in ("full", "per_head") and get_tp().size > 1:
+            raise ValueError("these q/k norms need every head's weights on one rank")
         self.qk_norm = options.qk_norm
-        self.q_norm = options.norm(norm_dims[0], eps) if norm_dims else None
-        self.k_norm = options.norm(norm_dims[1], eps) if norm_dims else None
+        self.q_norm = self.k_norm = None
+        if options.qk_norm == "per_head":
+            self.q_norm = HeadLayerNorm(self.num_heads, self.head_dim, eps)
+            self.k_norm = HeadLayerNorm(self.num_kv_heads, self.head_dim, eps)
+        elif options.qk_norm is not None:
+            q_dim, k_dim = {
+                "head": (self.head_dim, self.head_dim),
+                "full": (self.q_size, self.kv_size),
+            }[options.qk_norm]
+            self.q_norm, self.k_norm = options.norm(q_dim, eps), options.norm(k_dim, eps)
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
         # An FP8 cache stores k / k_scale and v / v_scale: the checkpoint's scales where it
@@ -107,7 +112,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm == "head":
+        if self.qk_norm in ("head", "per_head"):
             q, k = self.q_norm(q), self.k_norm(k)
         rotary = cos_sin[self.rotary_kind] if self.rotary_dim else None
         if rotary is not None and self.rotary_interleaved:

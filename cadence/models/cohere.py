@@ -1,7 +1,7 @@
 """Cohere (Command R) and Cohere2 (Command R7B): attention and the MLP side by side off one
 bias-free LayerNorm (parallel layers), GPT-J-style (interleaved) rotary, logits times
 logit_scale, tied embeddings. Cohere2 slides its windowed layers and gives its global layers
-no rotary at all. Per-head q/k LayerNorms (use_qk_norm) are refused."""
+no rotary at all. `use_qk_norm`: a LayerNorm over each head of q and k, a weight per head."""
 
 from __future__ import annotations
 
@@ -17,13 +17,10 @@ from cadence.models.decoder import DecoderForCausalLM, ParallelLayer
 class CohereForCausalLM(DecoderForCausalLM):
     layer_kind = ParallelLayer
 
-    def __init__(self, config, backend, max_position: int) -> None:
-        if getattr(config, "use_qk_norm", False):
-            raise ValueError("Cohere with use_qk_norm (per-head LayerNorms) is not supported")
-        super().__init__(config, backend, max_position)
-
     def attention_options(self, config, layer: int) -> AttentionOptions:
-        return replace(super().attention_options(config, layer), rotary_interleaved=True)
+        qk_norm = "per_head" if getattr(config, "use_qk_norm", False) else None
+        options = super().attention_options(config, layer)
+        return replace(options, rotary_interleaved=True, qk_norm=qk_norm)
 
     def make_norm(self, config, size: int):
         return LayerNorm(size, config.layer_norm_eps, bias=False)

@@ -19,7 +19,7 @@ from cadence.models.mlp import GatedMLP
 
 
 def _softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
-    return logits if cap is None else torch.tanh(logits / cap) * cap
+    return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 class GemmaForCausalLM(DecoderForCausalLM):
@@ -40,7 +40,7 @@ class Gemma2ForCausalLM(GemmaForCausalLM):
         return replace(
             super().attention_options(config, layer),
             scale=config.query_pre_attn_scalar**-0.5,
-            softcap=getattr(config, "attn_logit_softcapping", None),
+            softcap=getattr(config, "attn_logit_softcapping", None) or None,  # 0: no cap
         )
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:

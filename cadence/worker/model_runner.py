@@ -203,15 +203,15 @@ class ModelRunner:
 
     @property
     def kv_window(self) -> int | None:
-        """The sliding window every attention layer shares (its narrowest), so keys further
-        back are never read again; None where a layer reads the whole context, or a drafter
-        keeps K/V of its own in the same blocks."""
+        """How far back any attention layer reads where every layer slides (the widest
+        window: keys behind it no layer reads again); None where a layer reads the whole
+        context, or a drafter keeps K/V of its own in the same blocks."""
         windows = [layer.window for layer in self.model.attention_layers()]
         if not windows or None in windows:
             return None
         if self.drafter is not None and self.drafter.kv_bytes_per_block():
             return None
-        return min(windows)
+        return max(windows)
 
     def _kv_bytes_per_block(self) -> int:
         own = kv_bytes_per_block(self.model, self.block_size, self.kv_dtype)

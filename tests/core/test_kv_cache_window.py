@@ -66,6 +66,27 @@ def test_released_blocks_stay_cached_and_hits_behind_the_window_are_let_go_at_on
     assert kv.num_free_blocks == 32
 
 
+def test_a_cached_prefix_longer_than_the_pool_still_admits():
+    """The next turn of a conversation longer than the pool: its hits behind the window are
+    never taken, so they cost no free blocks, and the request runs."""
+    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
+    first = make_request("turn1", list(range(64)))  # 16 blocks: the whole pool
+    for _ in range(8):
+        compute(kv, first, 8)
+    kv.free(first)
+    second = make_request("turn2", list(range(64)) + list(range(100, 112)))
+    hits, num_hit = kv.get_computed_blocks(second)
+    assert num_hit == 64
+    compute(kv, second, 8, hits=hits)  # the pool holds 16: taking all hits could not fit
+    # Its first query is at 64: keys from 59 on; only block 14 of the hits is kept.
+    assert held(kv, "turn2") == [14, 15, 16, 17]
+    assert kv.num_released["turn2"] == 14
+    compute(kv, second, 4)
+    kv.free(second)
+    kv.check_integrity()
+    assert kv.num_free_blocks == 16
+
+
 def test_the_radix_cache_keeps_every_block_held():
     """Its tree takes a request's blocks as one path from the root: no holes."""
     kv = KVCacheManager(num_blocks=16, block_size=BS, prefix_cache="radix", sliding_window=W)
