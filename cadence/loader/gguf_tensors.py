@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from cadence.loader.gguf_arch import BLOCK_NAMES, NORM_PLUS_ONE, PERMUTED_QK, SKIPPED
 from cadence.quant.gguf import GgufTensor
 from cadence.quant.gguf_blocks import BLOCKS
 
@@ -37,15 +38,23 @@ _BLOCK = {
 _FLOATS = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
-def hf_name(name: str) -> str | None:
-    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None: unknown)."""
+def hf_name(name: str, arch: str = "llama") -> str | None:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight' (None: unknown),
+    in `arch`'s layout (gguf_arch.BLOCK_NAMES)."""
     stem, _, kind = name.rpartition(".")
     if stem in _TOP:
         return f"{_TOP[stem]}.{kind}"
     parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _BLOCK:
-        return f"model.layers.{parts[1]}.{_BLOCK[parts[2]]}.{kind}"
+    block = {**_BLOCK, **BLOCK_NAMES.get(arch, {})}
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in block:
+        return f"model.layers.{parts[1]}.{block[parts[2]]}.{kind}"
     return None
+
+
+def file_arch(reader) -> str:
+    """The file's `general.architecture` (llama where it says none)."""
+    field = reader.get_field("general.architecture")
+    return bytes(field.parts[field.data[0]]).decode() if field else "llama"
 
 
 def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
@@ -60,15 +69,15 @@ def iter_gguf(path: str, hf_config) -> Iterator[tuple[str, object]]:
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
-    arch_field = reader.get_field("general.architecture")
-    arch = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field else "llama"
+    arch = file_arch(reader)
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    permuted = {"attn_q": heads, "attn_k": kv_heads} if arch == "llama" else {}
+    permuted = {"attn_q": heads, "attn_k": kv_heads} if arch in PERMUTED_QK else {}
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:
-            logger.info("GGUF tensor %s has no place in the model; skipped", t.name)
+            if t.name.rpartition(".")[0] not in SKIPPED:
+                logger.info("GGUF tensor %s has no place in the model; skipped", t.name)
             continue
         kind = t.tensor_type.name
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # [out, in]
@@ -77,6 +86,8 @@ def iter_gguf(path: str, hf_config) -> Iterator[tuple[str, object]]:
         perm = rotary_unpermutation(shape[0], permuted[piece]) if piece in permuted else None
         if kind in _FLOATS:
             tensor = torch.from_numpy(np.array(data)).reshape(shape)  # a copy: the map is read-only
+            if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
+                tensor = tensor - 1  # stored as 1 + w: Gemma's norms add the 1 themselves
             yield name, tensor[torch.from_numpy(perm)] if perm is not None else tensor
         elif kind in BLOCKS:
             raw = data if perm is None else data[perm]

@@ -38,8 +38,9 @@ class GgufTensor:
         self.raw = raw
         self.shape = tuple(shape)
 
-    def __getitem__(self, rows: slice) -> GgufTensor:
-        if not isinstance(rows, slice):
+    def __getitem__(self, index) -> GgufTensor:
+        rows, *rest = index if isinstance(index, tuple) else (index,)
+        if not isinstance(rows, slice) or any(r != slice(None) for r in rest):
             raise TypeError("a GGUF tensor slices by rows only")
         raw = self.raw[rows]
         return GgufTensor(self.kind, raw, (raw.shape[0], self.shape[1]))
@@ -99,7 +100,9 @@ class GgufLinearMethod(LinearMethod):
             return super().load(layer, kind, source, rows, cols, dest)
         if cols is not None and (cols.start, cols.stop) != (0, source.shape[1]):
             raise ValueError("GGUF weights do not split over tensor-parallel ranks")
-        part = source[rows].codes() if isinstance(source, GgufTensor) else read(source, rows, None)
+        part = read(source, rows, None)  # a view of a fused tensor's rows slices like one
+        if isinstance(part, GgufTensor):
+            part = part.codes()
         layer.gguf_parts.append((dest.start, part))
 
     def finish(self, layer: nn.Module) -> None:
