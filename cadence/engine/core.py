@@ -107,14 +107,16 @@ class EngineCore:
         self._stale_in_runner: list[str] = []  # rows the runner drops next step (fail_step)
         self.timeline = tl.StepTimeline(config.step_timeline_size)
         cache_kind = self.kv.cache.kind
+        window = f", KV released behind a {self.kv.window}-token window" if self.kv.window else ""
         if config.speculative is not None:
             logger.info("speculative decoding: %s", config.speculative.describe())
         logger.info(
-            "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s)",
+            "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s%s)",
             time.perf_counter() - t0,
             self.max_model_len,
             cache_kind,
             config.scheduler.scheduling_policy,
+            window,
         )
 
     def add_request(

@@ -1,4 +1,4 @@
-"""GGUF files of the Gemma 2 and Phi-3 layouts: llama.cpp's names (Gemma 2's sandwich norms,
+"""GGUF files of the Gemma 2/3 and Phi-3 layouts: llama.cpp's names (Gemma's sandwich norms,
 Phi-3's fused qkv and gate|up), its stored transforms (Gemma's norms as 1 + w), and the
 config fields transformers' GGUF reader leaves out (soft-caps, windows, LongRoPE).
 
@@ -33,13 +33,17 @@ _LAYER = {
     "mlp.up_proj": "ffn_up",
     "mlp.gate_up_proj": "ffn_up",  # Phi-3: gate and up rows in one tensor
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
+_SANDWICH = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
 }
 _BY_ARCH = {
-    "gemma2": {
-        "post_attention_layernorm": "post_attention_norm",
-        "pre_feedforward_layernorm": "ffn_norm",
-        "post_feedforward_layernorm": "post_ffw_norm",
-    },
+    "gemma2": _SANDWICH,
+    "gemma3": _SANDWICH,
     "phi3": {"post_attention_layernorm": "ffn_norm"},
 }
 
@@ -66,7 +70,7 @@ def write_gguf(model, arch: str, path, meta: dict, q8_fused: bool = False) -> No
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         data = tensor.float().numpy()
-        if arch == "gemma2" and name.endswith("norm.weight"):
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1  # as llama.cpp's converter stores Gemma's norms
         if q8_fused and ("qkv_proj" in name or "gate_up_proj" in name):
             kind = gguf.GGMLQuantizationType.Q8_0
@@ -82,7 +86,9 @@ def write_gguf(model, arch: str, path, meta: dict, q8_fused: bool = False) -> No
     writer.close()
 
 
-@pytest.mark.parametrize(("kind", "q8_fused"), [("gemma2", False), ("phi3", False), ("phi3", True)])
+@pytest.mark.parametrize(
+    ("kind", "q8_fused"), [("gemma2", False), ("gemma3", False), ("phi3", False), ("phi3", True)]
+)
 def test_gguf_layouts_serve_the_models_tokens(kind, q8_fused, tmp_path):
     config, cls = ZOO[kind]()
     torch.manual_seed(3)
@@ -90,9 +96,8 @@ def test_gguf_layouts_serve_the_models_tokens(kind, q8_fused, tmp_path):
     with torch.no_grad():  # norms away from their init, so a missed +1 or name shows
         for name, param in model.named_parameters():
             if "norm" in name:
-                param.uniform_(-0.5, 0.5) if kind == "gemma2" else param.uniform_(0.5, 1.5)
-    arch = {"gemma2": "gemma2", "phi3": "phi3"}[kind]
-    write_gguf(model, arch, tmp_path / "model.gguf", {}, q8_fused)
+                param.uniform_(-0.5, 0.5) if kind != "phi3" else param.uniform_(0.5, 1.5)
+    write_gguf(model, kind, tmp_path / "model.gguf", {}, q8_fused)
     folder = tmp_path / "converted"
     folder.mkdir()
     config.save_pretrained(folder)  # what convert_gguf writes (transformers' reading)
