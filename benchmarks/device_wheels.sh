@@ -13,7 +13,7 @@ for p in apache-tvm-ffi opentelemetry-api annotated-doc httpx2 httpcore2 trustst
   [ -n "$v" ] && pins+=("$p==$v")
 done
 ../shared/tools/device-wheels "${pins[@]}"
-src=$(.venv/bin/python -c "from cadence.loader.loader import resolve_model_path; print(resolve_model_path(None))")
+src=$(.venv/bin/python -c "from cadence.loader.model_path import resolve_model_path; print(resolve_model_path(None))")
 mkdir -p .gpu-smoke/smollm2
 grep -qx '/.gpu-smoke/' .git/info/exclude || echo '/.gpu-smoke/' >> .git/info/exclude
 for f in config.json tokenizer.json tokenizer_config.json chat_template.jinja; do

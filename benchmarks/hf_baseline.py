@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from cadence.loader.loader import resolve_model_path
+    from cadence.loader.model_path import resolve_model_path
 
     path = resolve_model_path(args.model)
     dtype = getattr(torch, args.dtype)

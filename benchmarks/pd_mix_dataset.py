@@ -15,7 +15,7 @@ import json
 import random
 
 from cadence.bench.datasets import ordinary_token_ids, text_of_length
-from cadence.loader.loader import resolve_model_path
+from cadence.loader.model_path import resolve_model_path
 from cadence.tokenizer import load_tokenizer
 
 

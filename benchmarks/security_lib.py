@@ -229,7 +229,7 @@ def make_tiny(out: str) -> None:
     import torch
     import transformers as tf
 
-    from cadence.loader.loader import resolve_model_path
+    from cadence.loader.model_path import resolve_model_path
 
     src = resolve_model_path(None)
     cfg = tf.LlamaConfig(

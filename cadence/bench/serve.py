@@ -86,7 +86,7 @@ def load_bench_tokenizer(args: argparse.Namespace, info: ServerInfo) -> tuple[An
         if tokenizer is not None:
             return tokenizer, root
     if path is None:
-        from cadence.loader.loader import resolve_model_path
+        from cadence.loader.model_path import resolve_model_path
 
         try:
             path = resolve_model_path(None)

@@ -164,7 +164,7 @@ def load_router_tokenizer(path: str | None, urls: list[str]):
             except Exception as e:
                 logger.warning("could not load the tokenizer at %s: %s", c, e)
     try:
-        from cadence.loader.loader import resolve_model_path
+        from cadence.loader.model_path import resolve_model_path
 
         return load_tokenizer(resolve_model_path(None))
     except Exception as e:

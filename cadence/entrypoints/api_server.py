@@ -72,7 +72,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        from cadence.loader.loader import resolve_model_path
+        from cadence.loader.model_path import resolve_model_path
 
         # Resolve (and convert a GGUF) here once, so the engine process loads a folder.
         path = await asyncio.to_thread(resolve_model_path, config.model.model)

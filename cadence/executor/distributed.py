@@ -34,7 +34,8 @@ from cadence.executor.step_channel import StepChannel
 from cadence.executor.worker import WorkerSpec
 from cadence.layers.linear import check_shardable
 from cadence.loader.gguf import ensure_float_weights
-from cadence.loader.loader import load_hf_config, resolve_model_path
+from cadence.loader.loader import load_hf_config
+from cadence.loader.model_path import resolve_model_path
 from cadence.platform import pick_device
 from cadence.worker.model_runner import ModelRunner
 

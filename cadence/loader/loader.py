@@ -1,6 +1,7 @@
 """From a model name to a model with weights on the device.
 
-resolve_model_path   None -> the default SmolLM2 GGUF; a .gguf file -> its converted folder
+resolve_model_path   (model_path.py, torch-free) None -> the default SmolLM2 GGUF; a .gguf
+                     file -> its converted folder
 select_quant         the weight format (cadence/quant/) a model loads in, and its tensors
 load_model           config -> our class -> weights (safetensors, sharded or not, a GGUF
                      file's blocks, or dummy)
@@ -9,7 +10,6 @@ load_model           config -> our class -> weights (safetensors, sharded or not
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,36 +19,12 @@ from torch import nn
 
 from cadence.attention.base import AttentionBackend
 from cadence.distributed.parallel_state import get_tp
-from cadence.loader.gguf import (
-    convert_gguf,
-    default_model_path,
-    ensure_float_weights,
-    gguf_source,
-)
+from cadence.loader.gguf import ensure_float_weights, gguf_source
 from cadence.loader.hf_config import read_config
 from cadence.models.registry import resolve_model_class
 from cadence.quant.base import QuantMethod, finish_loading, quant_scope
 
 logger = logging.getLogger(__name__)
-
-
-def resolve_model_path(model: str | None) -> str:
-    path = model or default_model_path()
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"model {path!r} does not exist (give a checkpoint folder with config.json, "
-            "or a .gguf file; nothing is downloaded)"
-        )
-    if os.path.isfile(path):
-        if path.endswith(".gguf"):
-            return convert_gguf(path)
-        raise ValueError(f"model {path!r} is a file but not a .gguf file")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        ggufs = sorted(Path(path).glob("*.gguf"))
-        if ggufs:
-            return convert_gguf(str(ggufs[0]))
-        raise FileNotFoundError(f"no config.json in {path!r}")
-    return path
 
 
 def load_hf_config(path: str):

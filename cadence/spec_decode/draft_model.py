@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from cadence.layers.sampler import _argmax
-from cadence.loader.loader import load_hf_config, load_model, resolve_model_path
+from cadence.loader.loader import load_hf_config, load_model
+from cadence.loader.model_path import resolve_model_path
 from cadence.spec_decode.proposer import ModelProposer, StepRecord
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import StepLayout, eager_inputs, layout

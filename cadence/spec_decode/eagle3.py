@@ -34,7 +34,8 @@ from cadence.layers.linear import ColumnParallelLinear, shape_of
 from cadence.layers.norm import RMSNorm
 from cadence.layers.rotary import RotaryEmbedding
 from cadence.layers.sampler import _argmax
-from cadence.loader.loader import iter_safetensors, load_hf_config, resolve_model_path
+from cadence.loader.loader import iter_safetensors, load_hf_config
+from cadence.loader.model_path import resolve_model_path
 from cadence.models.attention import Attention, AttentionOptions
 from cadence.models.mlp import GatedMLP
 from cadence.spec_decode.proposer import ModelProposer, StepRecord

@@ -28,8 +28,8 @@ from cadence.loader.loader import (
     load_model,
     release_freed_memory,
     resolve_dtype,
-    resolve_model_path,
 )
+from cadence.loader.model_path import resolve_model_path
 from cadence.platform import pick_device
 from cadence.worker import prompt_logprobs
 from cadence.worker.backends import make_attention_backend

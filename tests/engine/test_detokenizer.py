@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cadence.engine.output_processor import IncrementalDetokenizer
-from cadence.loader.loader import resolve_model_path
+from cadence.loader.model_path import resolve_model_path
 from cadence.tokenizer import load_tokenizer
 
 

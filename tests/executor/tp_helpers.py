@@ -39,7 +39,7 @@ def save_tiny_with_tokenizer(out: str) -> str:
     chat and structured outputs work on it; 2 ranks split its 4 heads."""
     import transformers as tf
 
-    from cadence.loader.loader import resolve_model_path
+    from cadence.loader.model_path import resolve_model_path
 
     src = resolve_model_path(None)
     config = tf.LlamaConfig(**{**TINY, "vocab_size": 49152}, tie_word_embeddings=True)

@@ -42,7 +42,7 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    from cadence.loader.loader import resolve_model_path
+    from cadence.loader.model_path import resolve_model_path
 
     srv = Server(
         [

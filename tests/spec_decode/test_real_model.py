@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from cadence import LLM, SamplingParams
-from cadence.loader.loader import resolve_model_path
+from cadence.loader.model_path import resolve_model_path
 from cadence.sampling_params import StructuredOutputsParams
 
 SCHEMA = {

@@ -8,7 +8,7 @@ import time
 import pytest
 from slow_grammars import HOSTNAME_LIKE, NESTED_ANYOF
 
-from cadence.loader.loader import resolve_model_path
+from cadence.loader.model_path import resolve_model_path
 from cadence.sampling_params import StructuredOutputsParams as S
 from cadence.structured.manager import GrammarManager
 
