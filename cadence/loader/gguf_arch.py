@@ -46,11 +46,12 @@ def fix_config(arch: str, meta: Callable[[str], object], tensor, config) -> None
                 setattr(config, field, float(value))
         if window is not None:
             config.sliding_window = int(window)
-        heads = config.num_attention_heads
-        wide = config.num_hidden_layers == _GEMMA2_27B_LAYERS
-        config.query_pre_attn_scalar = config.hidden_size // heads if wide else config.head_dim
+        is_27b = config.num_hidden_layers == _GEMMA2_27B_LAYERS
+        per_head = config.hidden_size // config.num_attention_heads
+        config.query_pre_attn_scalar = per_head if is_27b else config.head_dim
     if arch == "phi3":
-        config.sliding_window = int(window) if window else None
+        if window is not None:
+            config.sliding_window = int(window)
         long, short = tensor("rope_factors_long.weight"), tensor("rope_factors_short.weight")
         if long is not None and short is not None:
             original = meta(f"{arch}.rope.scaling.original_context_length")
