@@ -26,20 +26,26 @@ def generate(llm: LLM, prompts) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("kind", ARCHS)
-def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf_model):
-    path = tiny_model_dir(kind)
-    prompts = make_prompts(512, LENGTHS, seed=1)
-    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
-    # The synchronous loop here; async scheduling (the CUDA default) has its own test below.
-    llm = LLM(
+def float32_graphs_llm(path: str, **kw) -> LLM:
+    """A float32 engine on the GPU that replays CUDA graphs of decode and prefill steps,
+    with the synchronous loop (async scheduling, the CUDA default, has its own test)."""
+    return LLM(
         path,
         device="cuda",
         dtype="float32",
         num_gpu_blocks_override=512,
         async_scheduling=False,
         cuda_graph_prefill=True,
+        **kw,
     )
+
+
+@pytest.mark.parametrize("kind", ARCHS)
+def test_float32_greedy_equals_transformers_with_graphs(kind, tiny_model_dir, hf_model):
+    path = tiny_model_dir(kind)
+    prompts = make_prompts(512, LENGTHS, seed=1)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = float32_graphs_llm(path)
     assert llm.engine.runner.driver.backend.name == "triton"
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.driver.graphs.num_replays > 0  # decode steps replayed graphs
@@ -65,15 +71,7 @@ def test_zoo_float32_greedy_equals_transformers_on_triton(kind, tiny_model_dir, 
     prompts = make_prompts(512, [3, 2 * WINDOW + 5, 17, 40, WINDOW, 70], seed=11)
     expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
     # A 16-token budget chunks the long prompts beside decodes, through graphs and not.
-    llm = LLM(
-        path,
-        device="cuda",
-        dtype="float32",
-        num_gpu_blocks_override=512,
-        max_num_batched_tokens=16,
-        async_scheduling=False,
-        cuda_graph_prefill=True,
-    )
+    llm = float32_graphs_llm(path, max_num_batched_tokens=16)
     assert llm.engine.runner.driver.backend.name == "triton"
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.driver.graphs.num_replays > 0
