@@ -1,6 +1,9 @@
 """KV capacity of a sliding-window model at long context (issue 31): how many sequences of
 `--context` tokens the KV pool holds at once when requests release the blocks behind their
-window (the engine does, where every layer slides), against holding every block.
+window, against holding every block. Every layer sliding (Mistral): one block list per
+request. Interleaved local and global layers (Gemma 2/3): a list per KV group, the global
+group holding everything, the local ones their window; a block is then one group's share
+of the layers, and "without release" is every group holding the whole context.
 
 Runs `--requests` sequences of random prompt ids through the engine step by step and
 records, measured: the pool's size, the most requests running at once, and the blocks a
@@ -60,15 +63,19 @@ def main() -> None:
         for req in running:
             # Decoding, past the step that released its last prompt chunk's window.
             if req.num_output_tokens >= 2:
-                blocks = kv.req_blocks.get(req.request_id, [])
-                held = sum(1 for b in blocks if b is not RELEASED_BLOCK)
+                held = sum(
+                    1
+                    for g in kv.groups
+                    for b in g.req_blocks.get(req.request_id, [])
+                    if b is not RELEASED_BLOCK
+                )
                 peak_decode_blocks = max(peak_decode_blocks, held)
     elapsed = time.perf_counter() - t0
     bs = kv.block_size
-    full = -(-(args.context + args.max_tokens) // bs)
+    full = -(-(args.context + args.max_tokens) // bs) * len(kv.groups)
     result = {
         "model": args.model,
-        "window": kv.window,
+        "kv_group_windows": [g.window for g in kv.groups],
         "block_size": bs,
         "pool_blocks": kv.pool.num_blocks,
         "context": args.context,

@@ -13,7 +13,7 @@ OUT=$(cd "$OUT" && pwd)
 source benchmarks/device_env.sh
 ROOT=$PWD
 COMMON="--load-format dummy --dtype bfloat16"
-PARTS=${PARTS:-tests zoo gemma cap lat long}
+PARTS=${PARTS:-tests zoo gemma cap gcap lat long}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 LOG="$OUT/zoo.log"
 tree() {
@@ -32,7 +32,7 @@ lat() {  # lat NAME TREE MODEL BATCH INPUT [flags]: one `bench latency` at INPUT
   echo "   ($((SECONDS - t0)) s)" | tee -a "$LOG"
 }
 if has tests; then
-  python3 -m pytest -q -m gpu tests/attention tests/worker/test_cuda_runner.py \
+  python3 -m pytest -q -m gpu tests/attention tests/worker/test_cuda_runner.py tests/ops/test_fused.py \
     tests/spec_decode/test_spec_gpu.py -p no:cacheprovider 2>&1 | tee -a "$OUT/tests.log" | tail -4
 fi
 if has gemma; then  # the fused Gemma norm and GeGLU kernels: their tests, then Gemma 2 again
@@ -43,6 +43,11 @@ fi
 if has cap; then  # Mistral-7B's KV capacity at 32k with window-released blocks
   python3 benchmarks/window_capacity.py benchmarks/mistral-7b-v0.1 --load-format dummy \
     --dtype bfloat16 --context 32000 --requests 40 --json "$OUT/mistral_capacity.json" 2>&1 \
+    | grep -v " INFO " | tail -18 | tee -a "$LOG"
+fi
+if has gcap; then  # Gemma-2-9B's KV capacity near its 8,192 positions, with KV groups
+  python3 benchmarks/window_capacity.py benchmarks/gemma-2-9b --load-format dummy \
+    --dtype bfloat16 --context 7900 --requests 64 --json "$OUT/gemma2_capacity.json" 2>&1 \
     | grep -v " INFO " | tail -18 | tee -a "$LOG"
 fi
 if has zoo; then

@@ -18,6 +18,7 @@ scales, saturated at 448) and every reader widens the tiles and multiplies the s
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     block_size: int
     backend_data: object = None  # whatever the backend precomputed in build()
+    # Per KV group (worker/kv_groups.py), the same step over that group's blocks: a layer
+    # of group g reads groups[g]. None: one group, every layer reads this.
+    groups: list[AttentionMetadata] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,17 @@ class AttentionBackend(abc.ABC):
 
     def build(self, meta: AttentionMetadata) -> AttentionMetadata:
         return meta
+
+    def for_group(
+        self, meta: AttentionMetadata, block_tables: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> AttentionMetadata:
+        """A built step's metadata for another KV group: the same queries and lengths over
+        that group's blocks. (Planned again here; a backend whose plan never reads the
+        tables shares it.)"""
+        view = dataclasses.replace(
+            meta, block_tables=block_tables, slot_mapping=slot_mapping, backend_data=None
+        )
+        return self.build(view)
 
     @abc.abstractmethod
     def forward(

@@ -53,6 +53,7 @@ padded or uninitialised cache slot can turn into NaN.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -256,6 +257,12 @@ class TritonAttentionBackend(AttentionBackend):
             num_parts=num_parts if split_req.numel() else 0,
         )
         return meta
+
+    def for_group(
+        self, meta: AttentionMetadata, block_tables: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> AttentionMetadata:
+        # The plan is work items over queries: the same for every group's blocks.
+        return dataclasses.replace(meta, block_tables=block_tables, slot_mapping=slot_mapping)
 
     def decode_plan(self, num_reqs: int, device: torch.device, split: bool = False) -> TritonPlan:
         """A fixed plan for `num_reqs` single-token decodes (request i owns query token i):

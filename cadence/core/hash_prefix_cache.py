@@ -7,6 +7,7 @@ are computed as its tokens arrive (`Request.block_hashes`, by `make_block_hasher
 A freed block stays in the pool's free queue and keeps its hash: a hit revives it, and
 reusing it for other data (the free queue's head first, so least recently freed first)
 evicts it. One block per hash: a second block computing the same prefix stays private.
+KV groups key apart: group g > 0 files a block under its hash with the byte g appended.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def hash_block_tokens(
     if extra:
         h.update(extra)
     return h.digest()
+
+
+def group_key(block_hash: bytes, group: int) -> bytes:
+    """What KV group `group` files a block of this prefix under."""
+    return block_hash if group == 0 else block_hash + bytes((group,))
 
 
 def make_block_hasher(block_size: int, extra: bytes = b""):
@@ -75,24 +81,37 @@ class HashPrefixCache(PrefixCache):
     def lookup(self, block_hash: bytes) -> KVBlock | None:
         return self.cached.get(block_hash)
 
-    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+    def match(
+        self, request: Request, max_blocks: int, touch: bool = True, group: int = 0
+    ) -> list[KVBlock]:
         hits: list[KVBlock] = []
         for block_hash in request.block_hashes[:max_blocks]:
-            block = self.cached.get(block_hash)
+            block = self.cached.get(group_key(block_hash, group))
             if block is None:
                 break
             hits.append(block)
         return hits
 
+    def find(self, request: Request, max_blocks: int, group: int) -> list[KVBlock | None]:
+        # A chained hash names its whole prefix: block i alone is a hit even where an
+        # earlier block was evicted.
+        get = self.cached.get
+        return [get(group_key(h, group)) for h in request.block_hashes[:max_blocks]]
+
     def insert(
-        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+        self,
+        request: Request,
+        blocks: Sequence[KVBlock],
+        start: int,
+        num_tokens: int,
+        group: int = 0,
     ) -> int:
         # Blocks whose tokens are all known get their hash now. Their K/V is written by this
         # step's forward before any attention reads it, so a hit in the same step (a
         # sibling sample, say) is safe.
         num_full = min(num_tokens // self.block_size, len(request.block_hashes))
         for i in range(start, num_full):
-            self.cache_block(blocks[i], request.block_hashes[i])
+            self.cache_block(blocks[i], group_key(request.block_hashes[i], group))
         return max(start, num_full)
 
     def cache_block(self, block: KVBlock, block_hash: bytes) -> None:

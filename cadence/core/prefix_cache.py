@@ -18,6 +18,12 @@ Events, from the pool:
                          the free queue (else it joins the queue's tail)
     on_reuse(block)      a block leaves the free queue to hold new data: forget its prefix
     evict(n)             the free queue runs short: up to n blocks the cache lets go of
+
+KV groups (kv_cache.py): a model whose layers keep K/V for different spans (interleaved
+local and global attention) holds one block list per group of layers, and a block of one
+group holds nothing another group could use. Lookups and inserts name the group; a cache
+that keys by block hashes keeps each group's prefixes apart. A cache that cannot have holes
+in a request's blocks (`allows_released_prefix` False) is only ever asked for group 0.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ class PrefixCache(ABC):
     kind = "off"
     # Requests' block hashes (Request.block_hashes), where this cache keys by them.
     block_hasher: Callable[[Request], list[bytes]] | None = None
-    # Whether a request may let go of its leading blocks while it runs (sliding windows):
-    # a cache that inserts a request's blocks as one path from its first block may not.
+    # Whether a request may let go of its leading blocks while it runs (sliding windows),
+    # and so hold blocks in several KV groups: a cache that inserts a request's blocks as
+    # one path from its first block may not.
     allows_released_prefix = True
 
     @property
@@ -53,17 +60,31 @@ class PrefixCache(ABC):
         """Cached blocks given up for other data, since start."""
 
     @abstractmethod
-    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
-        """Blocks of the request's longest cached prefix, at most `max_blocks`. `touch`:
-        count it as a use (eviction order); False only peeks."""
+    def match(
+        self, request: Request, max_blocks: int, touch: bool = True, group: int = 0
+    ) -> list[KVBlock]:
+        """Blocks of the request's longest cached prefix in KV group `group`, at most
+        `max_blocks`. `touch`: count it as a use (eviction order); False only peeks."""
+
+    def find(self, request: Request, max_blocks: int, group: int) -> list[KVBlock | None]:
+        """Each of the request's first `max_blocks` blocks that `group` has cached, None
+        where it has not: what a sliding-window group needs, which reads only the blocks
+        inside its window. (A cache that knows only whole prefixes finds a prefix.)"""
+        hits: list[KVBlock | None] = list(self.match(request, max_blocks, False, group))
+        return hits + [None] * (max_blocks - len(hits))
 
     @abstractmethod
     def insert(
-        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+        self,
+        request: Request,
+        blocks: Sequence[KVBlock],
+        start: int,
+        num_tokens: int,
+        group: int = 0,
     ) -> int:
-        """Name the request's full blocks among its first `num_tokens` tokens (their K/V is,
-        or is being, written); blocks before `start` were named earlier. Returns the number
-        of leading blocks named now (the next call's `start`)."""
+        """Name the request's full blocks of KV group `group` among its first `num_tokens`
+        tokens (their K/V is, or is being, written); blocks before `start` were named
+        earlier. Returns the number of leading blocks named now (the next call's `start`)."""
 
     def on_reference(self, block: KVBlock) -> bool:
         return False
@@ -98,11 +119,18 @@ class NoPrefixCache(PrefixCache):
     num_cached_free = 0
     num_evictions = 0
 
-    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+    def match(
+        self, request: Request, max_blocks: int, touch: bool = True, group: int = 0
+    ) -> list[KVBlock]:
         return []
 
     def insert(
-        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+        self,
+        request: Request,
+        blocks: Sequence[KVBlock],
+        start: int,
+        num_tokens: int,
+        group: int = 0,
     ) -> int:
         return len(blocks)  # nothing to name: every block is as settled as it gets
 

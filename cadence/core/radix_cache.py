@@ -244,12 +244,21 @@ class RadixPrefixCache(PrefixCache):
     def num_evictions(self) -> int:
         return self.tree.num_evictions
 
-    def match(self, request: Request, max_blocks: int, touch: bool = True) -> list[KVBlock]:
+    def match(
+        self, request: Request, max_blocks: int, touch: bool = True, group: int = 0
+    ) -> list[KVBlock]:
+        assert group == 0, "the radix cache keeps one KV group (allows_released_prefix)"
         return self.tree.match(request.all_token_ids, max_blocks, touch)
 
     def insert(
-        self, request: Request, blocks: Sequence[KVBlock], start: int, num_tokens: int
+        self,
+        request: Request,
+        blocks: Sequence[KVBlock],
+        start: int,
+        num_tokens: int,
+        group: int = 0,
     ) -> int:
+        assert group == 0, "the radix cache keeps one KV group (allows_released_prefix)"
         num_full = min(num_tokens, request.num_tokens) // self.block_size
         if num_full <= start:
             return start

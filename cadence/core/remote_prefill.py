@@ -29,7 +29,7 @@ from cadence.core.scheduler_output import KVTransferStats
 from cadence.kv_transfer.params import wants_remote_decode, wants_remote_prefill
 
 if TYPE_CHECKING:
-    from cadence.core.kv_cache import KVBlock, KVCacheManager
+    from cadence.core.kv_cache import KVCacheManager, PrefixHit
     from cadence.core.request import Request
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class NoRemotePrefills:
     def wants_load(self, req: Request) -> bool:
         return False
 
-    def try_start(self, req: Request, hits: list[KVBlock], num_hit_tokens: int) -> bool | None:
+    def try_start(self, req: Request, hits: PrefixHit, num_hit_tokens: int) -> bool | None:
         return False
 
     def collect(self) -> list[Request]:
@@ -92,7 +92,7 @@ class RemotePrefills:
             and wants_remote_prefill(req.sampling_params.kv_transfer_params)
         )
 
-    def try_start(self, req: Request, hits: list[KVBlock], num_hit_tokens: int) -> bool | None:
+    def try_start(self, req: Request, hits: PrefixHit, num_hit_tokens: int) -> bool | None:
         """Start loading the prompt past the local hits. True: started (the request leaves
         the waiting queue); False: nothing to load; None: no room in the pool now."""
         end = req.num_prompt_tokens - 1

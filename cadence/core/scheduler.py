@@ -127,7 +127,7 @@ class Scheduler:
         self._finished_ids = []
         self.step_count += 1
         budget = self.config.max_num_batched_tokens
-        new_blocks: dict[str, list[int]] = {}
+        new_blocks: dict[str, list[list[int]]] = {}  # request id -> per KV group
         preempted: list[Request] = []
         if self.remote.loading:
             self.waiting.extendleft(reversed(self.remote.collect()))
@@ -155,7 +155,7 @@ class Scheduler:
                     break
             if blocks is None:  # req itself was preempted; running[i] is now the next one
                 continue
-            new_blocks[req.request_id] = [b.block_id for b in blocks]
+            new_blocks[req.request_id] = [[b.block_id for b in group] for group in blocks]
             out.num_scheduled_tokens[req.request_id] = num_new
             if req.num_computed_tokens >= req.num_prompt_tokens:  # decoding (the timeline)
                 out.num_decode_seqs += 1
@@ -197,38 +197,43 @@ class Scheduler:
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
             if req.request_id in self._seen_by_worker:
+                first, *more = self.kv.get_group_block_ids(req.request_id)
                 out.cached_requests.append(
                     CachedRequestData(
                         req.request_id,
-                        self.kv.get_block_ids(req.request_id),
+                        first,
                         req.num_computed_tokens,
                         resumed=was_preempted,
                         new_token_ids=req.take_unsent_tokens(),
+                        new_group_block_ids=more,
                     )
                 )
             else:
                 self._seen_by_worker.add(req.request_id)
                 req.take_unsent_tokens()  # output_token_ids below carries them
+                first, *more = self.kv.get_group_block_ids(req.request_id)
                 out.new_requests.append(
                     NewRequestData(
                         req.request_id,
                         req.prompt_token_ids,
                         list(req.output_token_ids),
                         req.sampling_params,
-                        self.kv.get_block_ids(req.request_id),
+                        first,
                         req.num_computed_tokens,
+                        group_block_ids=more,
                     )
                 )
 
-        for rid, ids in new_blocks.items():
+        for rid, (first, *more) in new_blocks.items():
             req = self.requests[rid]
             out.cached_requests.append(
                 CachedRequestData(
                     rid,
-                    ids,
+                    first,
                     req.num_computed_tokens,
                     resumed=False,
                     new_token_ids=req.take_unsent_tokens(),
+                    new_group_block_ids=more,
                 )
             )
         if self.config.async_scheduling:

@@ -27,6 +27,9 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    # The block ids of the KV groups after the first, as block_ids holds the first's (a
+    # model with interleaved local and global layers; empty with one group).
+    group_block_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -38,6 +41,7 @@ class CachedRequestData:
     num_computed_tokens: int
     resumed: bool  # back from preemption: new_block_ids replace the old ones
     new_token_ids: list[int] = field(default_factory=list)  # forced by a grammar, unsampled
+    new_group_block_ids: list[list[int]] = field(default_factory=list)  # (as block_ids)
 
 
 @dataclass

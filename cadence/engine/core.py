@@ -60,7 +60,7 @@ class EngineCore:
             cache.prefix_cache,
             cache.radix_eviction_policy,
             # Disaggregation moves whole prompts' blocks: they must all stay held.
-            sliding_window=None if config.kv_role else self.runner.kv_window,
+            windows=(None,) if config.kv_role else self.runner.kv_group_windows,
         )
         self.max_model_len = self.runner.max_model_len
         # (Speculation: a request also holds k lookahead slots past its tokens.)
@@ -107,7 +107,8 @@ class EngineCore:
         self._stale_in_runner: list[str] = []  # rows the runner drops next step (fail_step)
         self.timeline = tl.StepTimeline(config.step_timeline_size)
         cache_kind = self.kv.cache.kind
-        window = f", KV released behind a {self.kv.window}-token window" if self.kv.window else ""
+        window = self.kv.describe_windows()
+        window = f", {window}" if window else ""
         if config.speculative is not None:
             logger.info("speculative decoding: %s", config.speculative.describe())
         logger.info(

@@ -67,10 +67,10 @@ class Executor(ABC):
         return self.driver.model_path
 
     @property
-    def kv_window(self) -> int | None:
-        """Keys this far behind a query no layer reads (every layer slides); None: no such
-        bound. The KV manager releases blocks behind it."""
-        return self.driver.kv_window
+    def kv_group_windows(self) -> tuple[int | None, ...]:
+        """Per KV group, how far behind a query its layers read (None: the whole context).
+        The KV manager keeps a block list per group and releases blocks behind windows."""
+        return self.driver.kv_group_windows
 
     @property
     def kv_caches(self) -> list[torch.Tensor]:

@@ -98,6 +98,7 @@ class Attention(nn.Module):
             self.q_norm, self.k_norm = options.norm(q_dim, eps), options.norm(k_dim, eps)
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
+        self.kv_group = 0  # which KV group's blocks it reads (set where it is bound)
         # An FP8 cache stores k / k_scale and v / v_scale: the checkpoint's scales where it
         # has them, else 1.0. Plain floats: they are constant once loaded (and a CUDA
         # graph keeps kernel arguments by value).
@@ -121,6 +122,8 @@ class Attention(nn.Module):
         elif rotary is not None and self.rotary_dim < self.head_dim:
             q, k = _rotate_leading(q, k, rotary, self.rotary_dim)
             rotary = None
+        if self.kv_group and meta.groups is not None:  # (a warm-up step has one group)
+            meta = meta.groups[self.kv_group]
         # The backend rotates q and k (the Triton one while it writes K/V to the cache).
         out = self.backend.forward(
             q,

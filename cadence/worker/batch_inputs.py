@@ -14,7 +14,8 @@ tensors and AttentionMetadata of an eager forward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,6 +32,8 @@ class StepLayout:
     query_lens: np.ndarray  # [R] its query tokens this step
     positions: np.ndarray  # [T]
     slots: np.ndarray  # [T] flat cache slots
+    # [T] per KV group after the first, its slots (its tables, the same positions)
+    group_slots: list[np.ndarray] = field(default_factory=list)
 
     @property
     def seq_lens(self) -> np.ndarray:
@@ -48,7 +51,9 @@ def layout(
     query_lens: list[int] | np.ndarray,
     tables: BlockTables,
     block_size: int,
+    group_tables: Sequence[BlockTables] = (),
 ) -> StepLayout:
+    """`group_tables`: the tables of the KV groups after the first, at the same rows."""
     rows_np = np.asarray(rows, dtype=np.int64)
     starts_np = np.asarray(starts, dtype=np.int64)
     qlens_np = np.asarray(query_lens, dtype=np.int64)
@@ -59,8 +64,10 @@ def layout(
         first = np.cumsum(qlens_np) - qlens_np
         positions = np.repeat(starts_np - first, qlens_np) + np.arange(num_tokens)
         token_rows = np.repeat(rows_np, qlens_np)
-    slots = tables.host[token_rows, positions // block_size] * block_size + positions % block_size
-    return StepLayout(rows_np, starts_np, qlens_np, positions, slots)
+    index, offset = positions // block_size, positions % block_size
+    slots = tables.host[token_rows, index] * block_size + offset
+    group_slots = [t.host[token_rows, index] * block_size + offset for t in group_tables]
+    return StepLayout(rows_np, starts_np, qlens_np, positions, slots, group_slots)
 
 
 def eager_inputs(
@@ -70,15 +77,19 @@ def eager_inputs(
     backend: AttentionBackend,
     device: torch.device,
     block_size: int,
+    group_tables: Sequence[BlockTables] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """(token ids, positions, metadata) on the device: one host-to-device copy of every
     token- and request-level int, then the step's block tables gathered from the
-    persistent rows on the device. Call `tables.sync()` first."""
+    persistent rows on the device. Call `tables.sync()` first. `group_tables`: as for
+    layout(); the metadata then carries a view per KV group."""
     seq_lens = lay.seq_lens
     qsl = np.concatenate([[0], np.cumsum(lay.query_lens)])
     ids_np = np.asarray(input_ids, dtype=np.int64)
-    segments = [ids_np, lay.positions, lay.slots, seq_lens, qsl, lay.rows]
-    ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d = to_device_aligned(segments, device)
+    segments = [ids_np, lay.positions, lay.slots, seq_lens, qsl, lay.rows, *lay.group_slots]
+    ids_d, pos_d, slots_d, seq_d, qsl_d, rows_d, *group_slots_d = to_device_aligned(
+        segments, device
+    )
     width = int(tables.num_blocks[lay.rows].max())
     meta = AttentionMetadata(
         num_tokens=lay.num_tokens,
@@ -90,4 +101,10 @@ def eager_inputs(
         seq_lens_cpu=seq_lens.tolist(),
         block_size=block_size,
     )
-    return ids_d, pos_d, backend.build(meta)
+    meta = backend.build(meta)
+    if group_tables:  # (every group's rows hold as many entries: one width)
+        meta.groups = [meta] + [
+            backend.for_group(meta, t.gather(rows_d, width), slots)
+            for t, slots in zip(group_tables, group_slots_d)
+        ]
+    return ids_d, pos_d, meta

@@ -6,6 +6,7 @@ not rebuilt per step. Each step changes them by diffs only:
     add(block_ids)          a new request: a free row, its whole table
     extend(row, ids)        a running request grew: the new ids after the last one
     replace(row, ids)       back from preemption: a new table
+    put(row, ids)           a new table at a row chosen elsewhere (another KV group's)
     remove(row)             finished: the row is free again (its contents are left)
 
 The host copy (numpy) is written at once; the same writes are queued as (flat index, block
@@ -70,6 +71,13 @@ class BlockTables:
     def replace(self, row: int, block_ids: list[int]) -> None:
         self.num_blocks[row] = 0
         self.extend(row, block_ids)
+
+    def put(self, row: int, block_ids: list[int]) -> None:
+        """A whole table at a row another table chose: a second KV group's tables follow
+        the first group's rows (worker/kv_groups.py)."""
+        while row >= self.num_rows:
+            self._grow()
+        self.replace(row, block_ids)
 
     def remove(self, row: int) -> None:
         self.free_rows.append(row)

@@ -13,6 +13,9 @@ step of B requests replays the smallest captured size >= B with the rows past B 
         block_tables[max, width]   its blocks                  padding: row of block 0
         query_start_loc [max + 1]  arange: row i owns query token i (fixed)
 
+With KV groups (worker/kv_groups.py) each group after the first has a slot_mapping row and
+a block_tables buffer of its own, and the captured metadata a view per group.
+
 A padded row attends to slot 0 of block 0, which the model runner keeps zeroed, so it
 produces finite garbage that nobody reads. All graphs share one memory pool; they are
 captured largest first, so the smaller ones fit in what the larger ones reserved.
@@ -77,6 +80,7 @@ class DecodeGraphs:
         max_batch: int,
         max_blocks_per_seq: int,
         block_size: int,
+        num_groups: int = 1,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -86,12 +90,19 @@ class DecodeGraphs:
         self.max_batch = self.sizes[-1]
         n = self.max_batch
         with torch.device(device):
-            # One [4, n] tensor, so a step's token-level inputs arrive in one copy.
-            self.token_inputs = torch.zeros((4, n), dtype=torch.int64)
+            # One [4 + groups - 1, n] tensor, so a step's token-level inputs arrive in one
+            # copy: ids, positions, slots, seq_lens, then the other groups' slots.
+            self.token_inputs = torch.zeros((3 + num_groups, n), dtype=torch.int64)
             self.block_tables = torch.zeros((n, max_blocks_per_seq), dtype=torch.int64)
+            self.group_block_tables = [
+                torch.zeros((n, max_blocks_per_seq), dtype=torch.int64)
+                for _ in range(num_groups - 1)
+            ]
             self.query_start_loc = torch.arange(n + 1, dtype=torch.int64)
-        self.input_ids, self.positions, self.slot_mapping, self.seq_lens = self.token_inputs
-        self.slot_mapping.fill_(-1)
+        self.input_ids, self.positions, self.slot_mapping, self.seq_lens = self.token_inputs[:4]
+        self.group_slot_mapping = list(self.token_inputs[4:])
+        self.token_inputs[2].fill_(-1)
+        self.token_inputs[4:].fill_(-1)
         self.seq_lens.fill_(1)
         # Keyed by (size, split); kept alive, as the graphs read their plans.
         self.metas: dict[tuple[int, bool], AttentionMetadata] = {}
@@ -119,6 +130,11 @@ class DecodeGraphs:
             meta.backend_data = self.backend.decode_plan(size, self.device, split=True)
         else:
             meta.backend_data = self.backend.decode_plan(size, self.device)
+        if self.group_block_tables:
+            meta.groups = [meta] + [
+                self.backend.for_group(meta, tables[:size], slots[:size])
+                for tables, slots in zip(self.group_block_tables, self.group_slot_mapping)
+            ]
         return meta
 
     @torch.inference_mode()
@@ -155,28 +171,36 @@ class DecodeGraphs:
     def run(
         self,
         size: int,
-        token_inputs: np.ndarray,  # [5, B] int64: ids, positions, slots, seq_lens, table rows
+        token_inputs: np.ndarray,  # [5 + groups - 1, B] int64: see below
         tables: BlockTables,
         width: int,
         fill: tuple[torch.Tensor, torch.Tensor] | None = None,
+        group_tables: list[BlockTables] | tuple = (),
     ) -> torch.Tensor:
         """Stage the step's inputs (padded on the host) in pinned memory, copy them into
         the graph's buffers without blocking (one copy), gather the B block-table rows
         from the persistent device table into the graph's table, replay. Returns hidden
         states [B, hidden]. Fresh pinned staging each step: PyTorch's pinned allocator
         reuses a block only after its copy ran, which a reused staging buffer could not
-        promise once the next step is prepared while this one runs (async scheduling)."""
-        b = token_inputs.shape[1]
-        host = torch.empty((5, size), dtype=torch.int64, pin_memory=True)
+        promise once the next step is prepared while this one runs (async scheduling).
+
+        `token_inputs` rows: ids, positions, slots, seq_lens, the slots of each KV group
+        after the first (`group_tables`' rows are the same), table rows last."""
+        rows, b = token_inputs.shape
+        host = torch.empty((rows, size), dtype=torch.int64, pin_memory=True)
         host[:, :b] = torch.from_numpy(token_inputs)
         if size > b:  # padding rows: token 0 at position 0, no K/V write, one key
             host[:4, b:] = torch.tensor([[0], [0], [-1], [1]])
-            host[4, b:] = 0
+            host[4:, b:] = -1  # (no write in any group)
+            host[-1, b:] = 0  # table row 0
         staged = host.to(self.device, non_blocking=True)
-        self.token_inputs[:, :size].copy_(staged[:4])
-        self.block_tables[:size, :width] = tables.gather(staged[4], width)
-        if size > b:
-            self.block_tables[b:size, 0] = 0  # a padding row reads the zeroed block 0
+        self.token_inputs[:, :size].copy_(staged[:-1])
+        for buffer, t in zip(
+            [self.block_tables, *self.group_block_tables], [tables, *group_tables]
+        ):
+            buffer[:size, :width] = t.gather(staged[-1], width)
+            if size > b:
+                buffer[b:size, 0] = 0  # a padding row reads the zeroed block 0
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
             self.input_ids[fill[0]] = fill[1]
         split = size in self.split_sizes and self.backend.graph_wants_split(

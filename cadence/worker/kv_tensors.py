@@ -1,25 +1,62 @@
 """The K/V tensors of a model's attention layers: their size per pool block, and their
-allocation (one [2, num_blocks, block_size, kv_heads, head_dim] tensor per layer, bound to
-the layer as `kv_cache`). The target model and a draft model each hold their own, indexed
-by the same block ids."""
+allocation (one [2, num_blocks, block_size, kv_heads, head_dim] tensor per KV slot, bound
+to each layer of the slot as `kv_cache`). Without KV groups a slot is a layer; with them
+(worker/kv_groups.py) slot s holds layer s of every group. The target model and a draft
+model each hold their own, indexed by the same block ids."""
 
 from __future__ import annotations
 
 import torch
 
+from cadence.worker.kv_groups import KVGroups, plan_kv_groups
 
-def kv_bytes_per_block(model, block_size: int, dtype: torch.dtype) -> int:
+
+def _slots(model, groups: KVGroups | None) -> list[list]:
+    """Per slot, the layers that share it."""
     layers = model.attention_layers()
-    elem = torch.finfo(dtype).bits // 8
-    return sum(2 * block_size * a.num_kv_heads * a.head_dim * elem for a in layers)
+    if groups is None:
+        groups = plan_kv_groups([None] * len(layers))
+    slots: list[list] = [[] for _ in range(groups.num_slots)]
+    for members in groups.layers:
+        for slot, index in enumerate(members):
+            slots[slot].append(layers[index])
+    return slots
+
+
+def _layer_bytes(layer, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * block_size * layer.num_kv_heads * layer.head_dim * (torch.finfo(dtype).bits // 8)
+
+
+def kv_bytes_per_block(
+    model, block_size: int, dtype: torch.dtype, groups: KVGroups | None = None
+) -> int:
+    return sum(
+        max(_layer_bytes(layer, block_size, dtype) for layer in shared)
+        for shared in _slots(model, groups)
+    )
 
 
 def bind_kv_caches(
-    model, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    model,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    groups: KVGroups | None = None,
 ) -> list[torch.Tensor]:
+    layers = model.attention_layers()
+    if groups is not None:
+        for g, members in enumerate(groups.layers):
+            for index in members:
+                layers[index].kv_group = g
     caches = []
-    for layer in model.attention_layers():
-        shape = (2, num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+    for shared in _slots(model, groups):
+        first = shared[0]
+        if any(
+            (a.num_kv_heads, a.head_dim) != (first.num_kv_heads, first.head_dim) for a in shared
+        ):
+            raise ValueError("layers that share a KV slot must have one K/V shape")
+        shape = (2, num_blocks, block_size, first.num_kv_heads, first.head_dim)
         # Uninitialised (fast to allocate), except block 0: padded key slots point at
         # slot 0, and masked garbage could still be NaN, which survives 0 * NaN.
         cache = torch.empty(shape, dtype=dtype, device=device)
@@ -31,6 +68,7 @@ def bind_kv_caches(
             cache.zero_()
         else:
             cache[:, 0].zero_()
-        layer.kv_cache = cache
+        for layer in shared:
+            layer.kv_cache = cache
         caches.append(cache)
     return caches

@@ -1,4 +1,5 @@
-"""How much GPU memory the KV pool may take, measured by running the largest step."""
+"""How many blocks the KV pool holds: on a GPU, what is left after running the largest step;
+on the CPU, a fixed budget sized down for small models."""
 
 from __future__ import annotations
 
@@ -8,10 +9,41 @@ import time
 import torch
 
 from cadence.attention.base import AttentionMetadata
+from cadence.distributed.communication import min_over_ranks
 from cadence.layers.sampler import SamplingBatch
 from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_BYTES = 2 * 2**30
+
+
+def num_kv_blocks(runner: RunnerParts, per_block: int) -> int:
+    """The pool's blocks, at `per_block` bytes each (every KV slot's, a drafter's too)."""
+    cc = runner.config.cache
+    if cc.num_gpu_blocks_override is not None:
+        return cc.num_gpu_blocks_override
+    if runner.device.type == "cuda":
+        budget = profile_cuda_memory(runner)
+    else:
+        budget = cc.kv_cache_memory or _default_cpu_kv_bytes(runner, per_block)
+    # Every rank must hold the same blocks: the smallest pool any of them can.
+    n = min_over_ranks(int(budget // per_block))
+    if n < 1:
+        raise ValueError(
+            f"no room for KV blocks: {budget / 2**30:.2f} GiB left, {per_block} bytes a block"
+        )
+    return n
+
+
+def _default_cpu_kv_bytes(runner: RunnerParts, per_block: int) -> int:
+    """DEFAULT_CPU_KV_BYTES, or less for a small model: at most twice what the scheduler
+    can fill at once (max_num_seqs sequences of max_model_len, a block list per KV group;
+    the other half keeps finished prompts for the prefix cache). A pool past that only
+    costs RAM and the start-up time of zeroing it."""
+    per_seq = runner.max_blocks_per_seq * runner.kv_groups.num_groups
+    most = 2 * runner.config.scheduler.max_num_seqs * per_seq + 1
+    return min(DEFAULT_CPU_KV_BYTES, most * per_block)
 
 
 @torch.inference_mode()

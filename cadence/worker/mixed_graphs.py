@@ -8,6 +8,7 @@ tokens; bigger steps are compute-bound and run eagerly). Everything a step varie
 in buffers the graphs read by address:
 
     tokens        [3, T]      ids, positions, cache slots           padding: 0, 0, -1
+                              (then each later KV group's slots)    padding: -1
     query_start   [R + 3]     request r owns tokens [qs[r], qs[r+1])
     seq_lens      [R + 2]     tokens with K/V after the step        padding: 1
     block_tables  [R + 2, W]  rows gathered from the persistent table
@@ -66,6 +67,7 @@ class MixedGraphs:
         max_reqs: int,
         max_blocks_per_seq: int,
         block_size: int,
+        num_groups: int = 1,
     ) -> None:
         self.model = model
         self.backend = backend
@@ -88,14 +90,20 @@ class MixedGraphs:
         self.t_pad = _round_up(t_max, 2)
         self.qs_len = _round_up(r + 3, 2)
         i_pad = _round_up(self.num_items[t_max], 4)
+        self.tok_rows = 2 + num_groups  # ids, positions, each group's slots
+        tok = self.tok_rows * self.t_pad
         with torch.device(device):
             # token-level and request-level ints in one buffer: one copy a step
-            self.ints = torch.zeros(3 * self.t_pad + self.qs_len + r + 2, dtype=torch.int64)
+            self.ints = torch.zeros(tok + self.qs_len + r + 2, dtype=torch.int64)
             self.work = torch.zeros((2, i_pad), dtype=torch.int32)
             self.block_tables = torch.zeros((r + 2, max_blocks_per_seq), dtype=torch.int64)
-        self.tokens = self.ints[: 3 * self.t_pad].view(3, self.t_pad)
-        self.query_start = self.ints[3 * self.t_pad : 3 * self.t_pad + r + 3]
-        self.seq_lens = self.ints[3 * self.t_pad + self.qs_len :]
+            self.group_block_tables = [
+                torch.zeros((r + 2, max_blocks_per_seq), dtype=torch.int64)
+                for _ in range(num_groups - 1)
+            ]
+        self.tokens = self.ints[:tok].view(self.tok_rows, self.t_pad)
+        self.query_start = self.ints[tok : tok + r + 3]
+        self.seq_lens = self.ints[tok + self.qs_len :]
         self.t_max = t_max
         self._reset()
         self.metas: dict[int, AttentionMetadata] = {}  # kept alive: the graphs read them
@@ -106,7 +114,7 @@ class MixedGraphs:
 
     def _reset(self) -> None:
         """Every item padding, every token unwritten: a replay that touches nothing."""
-        self.tokens[2].fill_(-1)
+        self.tokens[2:].fill_(-1)
         self.seq_lens.fill_(1)
         self.work[0].fill_(self.empty_req)
         self.work[1].fill_(0)
@@ -124,6 +132,11 @@ class MixedGraphs:
             block_size=self.block_size,
         )
         meta.backend_data = self.backend.mixed_graph_plan(self.work[0, :n], self.work[1, :n])
+        if self.group_block_tables:
+            meta.groups = [meta] + [
+                self.backend.for_group(meta, tables, self.tokens[3 + g, :size])
+                for g, tables in enumerate(self.group_block_tables)
+            ]
         return meta
 
     @torch.inference_mode()
@@ -169,13 +182,14 @@ class MixedGraphs:
     def run(
         self,
         size: int,
-        tokens: np.ndarray,  # [3, T] int64: ids, positions, slots
+        tokens: np.ndarray,  # [3, T] int64: ids, positions, slots (then later groups')
         query_lens: np.ndarray,  # [B] int64
         seq_lens: np.ndarray,  # [B] int64
         rows: np.ndarray,  # [B] int64: each request's row of `tables`
         tables: BlockTables,
         width: int,
         fill: tuple[torch.Tensor, torch.Tensor] | None = None,
+        group_tables: list[BlockTables] | tuple = (),
     ) -> torch.Tensor:
         """Stage the step's inputs (padded on the host) in pinned memory, copy them into
         the graph's buffers without blocking, gather the block-table rows, replay.
@@ -190,12 +204,13 @@ class MixedGraphs:
         # (Allocated pinned: .pin_memory() on a fresh tensor costs a copy and ~0.2 ms.)
         host = torch.zeros(n_ints + n_work + b, dtype=torch.int64, pin_memory=True)
         h = host.numpy()
-        tok = h[: 3 * self.t_pad].reshape(3, self.t_pad)
+        n_tok = self.tok_rows * self.t_pad
+        tok = h[:n_tok].reshape(self.tok_rows, self.t_pad)
         tok[:, :t] = tokens
-        tok[2, t:] = -1
-        qs = h[3 * self.t_pad : 3 * self.t_pad + r + 3]
+        tok[2:, t:] = -1
+        qs = h[n_tok : n_tok + r + 3]
         qs[1 : b + 1] = np.cumsum(query_lens)  # qs[r + 1] = qs[r + 2] = 0: the empty request
-        sl = h[3 * self.t_pad + self.qs_len : n_ints]
+        sl = h[n_tok + self.qs_len : n_ints]
         sl[:] = 1
         sl[:b] = seq_lens
         work = h[n_ints : n_ints + n_work].reshape(2, -1)
@@ -206,7 +221,11 @@ class MixedGraphs:
         staged = host.to(self.device, non_blocking=True)
         self.ints.copy_(staged[:n_ints])
         self.work.copy_(staged[n_ints : n_ints + n_work].view(2, -1))
-        self.block_tables[:b, :width] = tables.gather(staged[n_ints + n_work :], width)
+        table_rows = staged[n_ints + n_work :]
+        for buffer, t in zip(
+            [self.block_tables, *self.group_block_tables], [tables, *group_tables]
+        ):
+            buffer[:b, :width] = t.gather(table_rows, width)
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
             self.tokens[0][fill[0]] = fill[1]
         self.graphs[size].replay()

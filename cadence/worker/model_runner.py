@@ -18,7 +18,7 @@ import torch
 from cadence.attention.base import FP8_KV_DTYPE, AttentionBackend
 from cadence.config import EngineConfig
 from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
-from cadence.distributed.communication import broadcast_, min_over_ranks
+from cadence.distributed.communication import broadcast_
 from cadence.distributed.one_shot import ONE_SHOT_MAX_BYTES
 from cadence.distributed.parallel_state import enable_one_shot, get_tp
 from cadence.layers.sampler import Sampler, SamplerOutput
@@ -37,8 +37,9 @@ from cadence.worker.batch_inputs import eager_inputs, layout
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
 from cadence.worker.drafter import Drafter, DrafterFactory, TargetView
+from cadence.worker.kv_groups import runner_kv_groups
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
-from cadence.worker.memory_profile import profile_cuda_memory
+from cadence.worker.memory_profile import num_kv_blocks
 from cadence.worker.mixed_graphs import MixedGraphs
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
@@ -47,8 +48,6 @@ from cadence.worker.transfer import to_device, to_host_async
 from cadence.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_CPU_KV_BYTES = 2 * 2**30
 
 
 def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
@@ -123,10 +122,13 @@ class ModelRunner:
         self.drafter: Drafter | None = None
         if drafter_factory is not None:  # its draft model counts in the memory profile
             self.drafter = drafter_factory(self._target_view())
-        self.num_blocks = self._num_kv_blocks()
+        self.kv_groups = runner_kv_groups(self.model.attention_layers(), config, self.drafter)
+        self.num_blocks = num_kv_blocks(self, self._kv_bytes_per_block())
         self.allocate_kv_cache()
-        self.tables = BlockTables(
-            config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device
+        # One table per KV group, at the same rows: the first group's picks them.
+        self.tables, *self.group_tables = (
+            BlockTables(config.scheduler.max_num_seqs, self.max_blocks_per_seq, self.device)
+            for _ in range(self.kv_groups.num_groups)
         )
         if self.backend.name == "triton":  # every kernel variant compiles now, not mid-serving
             logger.info("compiled the Triton kernels' variants in %.1f s", warm_up(self))
@@ -139,6 +141,7 @@ class ModelRunner:
                 min(config.max_cuda_graph_batch_size, config.scheduler.max_num_seqs),
                 self.max_blocks_per_seq,
                 self.block_size,
+                self.kv_groups.num_groups,
             )
             seconds = self.graphs.capture()
             logger.info(
@@ -163,6 +166,7 @@ class ModelRunner:
                 sc.max_num_seqs,
                 self.max_blocks_per_seq,
                 self.block_size,
+                self.kv_groups.num_groups,
             )
             seconds = self.mixed_graphs.capture()
             logger.info(
@@ -202,49 +206,23 @@ class ModelRunner:
     # ---- memory -----------------------------------------------------------------------
 
     @property
-    def kv_window(self) -> int | None:
-        """How far back any attention layer reads where every layer slides (the widest
-        window: keys behind it no layer reads again); None where a layer reads the whole
-        context, or a drafter keeps K/V of its own in the same blocks."""
-        windows = [layer.window for layer in self.model.attention_layers()]
-        if not windows or None in windows:
-            return None
-        if self.drafter is not None and self.drafter.kv_bytes_per_block():
-            return None
-        return max(windows)
+    def kv_group_windows(self) -> tuple[int | None, ...]:
+        """Per KV group, how far back its layers read (None: the whole context): the KV
+        manager keeps a block list per group and releases what falls behind a window."""
+        return self.kv_groups.windows
 
     def _kv_bytes_per_block(self) -> int:
-        own = kv_bytes_per_block(self.model, self.block_size, self.kv_dtype)
+        own = kv_bytes_per_block(self.model, self.block_size, self.kv_dtype, self.kv_groups)
         return own + (self.drafter.kv_bytes_per_block() if self.drafter is not None else 0)
-
-    def _num_kv_blocks(self) -> int:
-        cc = self.config.cache
-        if cc.num_gpu_blocks_override is not None:
-            return cc.num_gpu_blocks_override
-        per_block = self._kv_bytes_per_block()
-        if self.device.type == "cuda":
-            budget = profile_cuda_memory(self)
-        else:
-            budget = cc.kv_cache_memory or self._default_cpu_kv_bytes(per_block)
-        # Every rank must hold the same blocks: the smallest pool any of them can.
-        n = min_over_ranks(int(budget // per_block))
-        if n < 1:
-            raise ValueError(
-                f"no room for KV blocks: {budget / 2**30:.2f} GiB left, {per_block} bytes a block"
-            )
-        return n
-
-    def _default_cpu_kv_bytes(self, per_block: int) -> int:
-        """DEFAULT_CPU_KV_BYTES, or less for a small model: at most twice what the scheduler
-        can fill at once (max_num_seqs sequences of max_model_len; the other half keeps
-        finished prompts for the prefix cache). A pool past that only costs RAM and the
-        start-up time of zeroing it."""
-        most = 2 * self.config.scheduler.max_num_seqs * self.max_blocks_per_seq + 1
-        return min(DEFAULT_CPU_KV_BYTES, most * per_block)
 
     def allocate_kv_cache(self, log: bool = True) -> None:
         self.kv_caches = bind_kv_caches(
-            self.model, self.num_blocks, self.block_size, self.kv_dtype, self.device
+            self.model,
+            self.num_blocks,
+            self.block_size,
+            self.kv_dtype,
+            self.device,
+            self.kv_groups,
         )
         if self.drafter is not None:  # a draft model's own K/V, in the same block ids
             self.kv_caches += self.drafter.allocate_kv_cache(self.num_blocks)
@@ -266,6 +244,7 @@ class ModelRunner:
             st = self.requests.pop(rid, None)
             if st is not None:
                 self.tables.remove(st.row)
+        groups = self.group_tables
         for new in sched.new_requests:
             params = new.sampling_params
             gen = None
@@ -276,18 +255,26 @@ class ModelRunner:
                 len(new.prompt_token_ids),
                 params,
                 gen,
-                self.tables.add(new.block_ids),
+                row := self.tables.add(new.block_ids),
                 new.num_computed_tokens,
                 prompt_lp=None
                 if params.prompt_logprobs is None
                 else PromptLogprobsState(params.prompt_logprobs),
             )
+            for table, ids in zip(groups, new.group_block_ids, strict=True):
+                table.put(row, ids)
         for cached in sched.cached_requests:
             st = self.requests[cached.request_id]
-            if cached.resumed:
-                self.tables.replace(st.row, cached.new_block_ids)
-            else:
-                self.tables.extend(st.row, cached.new_block_ids)
+            tables = zip(
+                [self.tables, *groups],
+                [cached.new_block_ids, *cached.new_group_block_ids],
+                strict=True,
+            )
+            for table, ids in tables:
+                if cached.resumed:
+                    table.replace(st.row, ids)
+                else:
+                    table.extend(st.row, ids)
             st.num_computed_tokens = cached.num_computed_tokens
             st.token_ids.extend(cached.new_token_ids)
 
@@ -340,11 +327,12 @@ class ModelRunner:
 
         dev, bs = self.device, self.block_size
         num_reqs, num_tokens = len(rows), len(input_ids)
-        lay = layout(rows, starts, query_lens, self.tables, bs)
+        lay = layout(rows, starts, query_lens, self.tables, bs, self.group_tables)
         rows_np, qlens_np, positions, slots = lay.rows, lay.query_lens, lay.positions, lay.slots
         seq_lens_np = lay.seq_lens
         width = int(self.tables.num_blocks[rows_np].max())
-        self.tables.sync()  # this step's new blocks, on the device before the gather
+        for table in (self.tables, *self.group_tables):
+            table.sync()  # this step's new blocks, on the device before the gather
         graph_size = mixed_size = None
         if self.graphs is not None and num_tokens == num_reqs:  # decodes only
             graph_size = self.graphs.size_for(num_reqs)
@@ -355,17 +343,31 @@ class ModelRunner:
             fill_d = to_device(torch.tensor([fill_rows, fill_from], dtype=torch.int64), dev)
             fill = (fill_d[0], self._last_tokens[fill_d[1]])
         if graph_size is not None:
-            token_inputs = np.stack([np.array(input_ids), positions, slots, seq_lens_np, rows_np])
+            token_inputs = np.stack(
+                [np.array(input_ids), positions, slots, seq_lens_np, *lay.group_slots, rows_np]
+            )
             forward_start = time.perf_counter()
-            hidden = self.graphs.run(graph_size, token_inputs, self.tables, width, fill)
+            hidden = self.graphs.run(
+                graph_size, token_inputs, self.tables, width, fill, self.group_tables
+            )
         elif mixed_size is not None:
-            tokens = np.stack([np.array(input_ids), positions, slots])
+            tokens = np.stack([np.array(input_ids), positions, slots, *lay.group_slots])
             forward_start = time.perf_counter()
             hidden = self.mixed_graphs.run(
-                mixed_size, tokens, qlens_np, seq_lens_np, rows_np, self.tables, width, fill
+                mixed_size,
+                tokens,
+                qlens_np,
+                seq_lens_np,
+                rows_np,
+                self.tables,
+                width,
+                fill,
+                self.group_tables,
             )
         else:
-            ids_d, pos_d, meta = eager_inputs(lay, input_ids, self.tables, self.backend, dev, bs)
+            ids_d, pos_d, meta = eager_inputs(
+                lay, input_ids, self.tables, self.backend, dev, bs, self.group_tables
+            )
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
             forward_start = time.perf_counter()

@@ -12,6 +12,7 @@ from cadence.attention.base import AttentionBackend
 from cadence.config import EngineConfig
 from cadence.layers.sampler import Sampler
 from cadence.worker.drafter import Drafter
+from cadence.worker.kv_groups import KVGroups
 
 
 class RunnerParts(Protocol):
@@ -25,6 +26,8 @@ class RunnerParts(Protocol):
     max_model_len: int  # tokens
     vocab_size: int
     num_blocks: int  # the KV pool's blocks (the profile sets it to a trial size)
+    max_blocks_per_seq: int  # a block-table row's width
+    kv_groups: KVGroups
     kv_caches: list[torch.Tensor]
 
     def allocate_kv_cache(self, log: bool = True) -> None: ...

@@ -38,14 +38,16 @@ def make_request(rid: str, tokens: list[int], block_size: int = BS) -> Request:
 
 
 def compute(kv: KVCacheManager, req: Request, num_new: int | None = None, hits=()) -> list:
-    """What the scheduler does for one step: allocate, then the forward computes the tokens."""
+    """What the scheduler does for one step: allocate, then the forward computes the tokens.
+    `hits`: a prefix hit (blocks per KV group). Returns the first group's new blocks."""
+    num_hit_tokens = len(hits[0]) * kv.block_size if hits else 0
     if num_new is None:
-        num_new = req.num_tokens - req.num_computed_tokens - len(hits) * kv.block_size
+        num_new = req.num_tokens - req.num_computed_tokens - num_hit_tokens
     new = kv.allocate_slots(req, num_new, hits)
     assert new is not None, "test setup: the pool was expected to have room"
-    req.num_computed_tokens += len(hits) * kv.block_size + num_new
+    req.num_computed_tokens += num_hit_tokens + num_new
     kv.check_integrity()
-    return new
+    return new[0]
 
 
 def free_ids(pool: BlockPool) -> list[int]:
@@ -302,7 +304,7 @@ def test_get_computed_blocks_finds_the_longest_cached_prefix():
     b = make_request("b", list(range(8)) + [50, 51, 52, 53, 54])  # shares 2 blocks
     hits, n = kv.get_computed_blocks(b)
     assert n == 8
-    assert hits == kv.req_blocks["a"][:2]
+    assert hits == [kv.req_blocks["a"][:2]]  # (one KV group)
 
 
 def test_get_computed_blocks_always_leaves_the_last_token_to_compute():
@@ -313,12 +315,12 @@ def test_get_computed_blocks_always_leaves_the_last_token_to_compute():
     kv.free(a)
     same = make_request("b", list(range(12)))
     hits, n = kv.get_computed_blocks(same)
-    assert len(hits) == 2 and n == 8
+    assert len(hits[0]) == 2 and n == 8
     longer = make_request("c", list(range(13)))  # one token more: all 3 blocks hit
     hits, n = kv.get_computed_blocks(longer)
-    assert len(hits) == 3 and n == 12
+    assert len(hits[0]) == 3 and n == 12
     one_block = make_request("d", list(range(4)))
-    assert kv.get_computed_blocks(one_block) == ([], 0)
+    assert kv.get_computed_blocks(one_block) == ([[]], 0)
 
 
 def test_a_hit_on_a_free_cached_block_takes_it_out_of_the_free_queue():
@@ -330,7 +332,7 @@ def test_a_hit_on_a_free_cached_block_takes_it_out_of_the_free_queue():
     assert all(blk.ref_cnt == 0 and blk.block_id in free_ids(kv.pool) for blk in trunk)
     b = make_request("b", list(range(9)))
     hits, n = kv.get_computed_blocks(b)
-    assert hits == trunk and n == 8
+    assert hits == [trunk] and n == 8
     free_before = kv.num_free_blocks
     new = compute(kv, b, 1, hits)
     assert len(new) == 1
@@ -347,7 +349,7 @@ def test_a_block_shared_by_two_requests_is_freed_only_when_both_free_it():
     shared = kv.req_blocks["a"][0]
     b = make_request("b", list(range(4)) + [70, 71])
     hits, _ = kv.get_computed_blocks(b)
-    assert hits == [shared]
+    assert hits == [[shared]]
     compute(kv, b, 2, hits)
     assert shared.ref_cnt == 2
     assert kv.req_blocks["b"][0] is shared
@@ -405,10 +407,10 @@ def test_hits_held_by_another_request_cost_no_free_blocks():
     compute(kv, a, 8)  # two cached blocks, held
     b = make_request("b", list(range(9)))
     hits, _ = kv.get_computed_blocks(b)
-    assert len(hits) == 2
+    assert len(hits[0]) == 2
     compute(kv, b, 1, hits)  # only one new block needed, one free
     assert kv.num_free_blocks == 0
-    assert [blk.ref_cnt for blk in hits] == [2, 2]
+    assert [blk.ref_cnt for blk in hits[0]] == [2, 2]
 
 
 def test_caching_disabled_never_hits_and_never_hashes_blocks():
@@ -418,7 +420,7 @@ def test_caching_disabled_never_hits_and_never_hashes_blocks():
     kv.free(a)
     assert kv.cache.kind == "off" and kv.block_hasher is None
     assert all(b.block_hash is None and b.node is None for b in kv.pool.blocks)
-    assert kv.get_computed_blocks(make_request("b", list(range(9)))) == ([], 0)
+    assert kv.get_computed_blocks(make_request("b", list(range(9)))) == ([[]], 0)
 
 
 def test_free_of_a_request_without_blocks_is_a_no_op():

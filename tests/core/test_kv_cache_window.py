@@ -19,7 +19,7 @@ def held(kv: KVCacheManager, rid: str) -> list[int]:
 
 
 def test_a_long_prefill_in_chunks_holds_only_the_window_and_the_chunk():
-    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
+    kv = KVCacheManager(num_blocks=16, block_size=BS, windows=(W,))
     req = make_request("a", list(range(40)))  # 10 blocks
     for _ in range(5):
         compute(kv, req, 8)
@@ -34,7 +34,7 @@ def test_a_long_prefill_in_chunks_holds_only_the_window_and_the_chunk():
 
 
 def test_decoding_past_the_window_keeps_a_constant_number_of_blocks():
-    kv = KVCacheManager(num_blocks=8, block_size=BS, sliding_window=W)
+    kv = KVCacheManager(num_blocks=8, block_size=BS, windows=(W,))
     req = make_request("d", list(range(5)))
     compute(kv, req)
     for step in range(60):  # 65 tokens: 17 blocks' worth through a pool of 8
@@ -47,7 +47,7 @@ def test_decoding_past_the_window_keeps_a_constant_number_of_blocks():
 
 
 def test_released_blocks_stay_cached_and_hits_behind_the_window_are_let_go_at_once():
-    kv = KVCacheManager(num_blocks=32, block_size=BS, sliding_window=W)
+    kv = KVCacheManager(num_blocks=32, block_size=BS, windows=(W,))
     prompt = list(range(30))
     first = make_request("first", prompt)
     compute(kv, first, 16)
@@ -69,7 +69,7 @@ def test_released_blocks_stay_cached_and_hits_behind_the_window_are_let_go_at_on
 def test_a_cached_prefix_longer_than_the_pool_still_admits():
     """The next turn of a conversation longer than the pool: its hits behind the window are
     never taken, so they cost no free blocks, and the request runs."""
-    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=W)
+    kv = KVCacheManager(num_blocks=16, block_size=BS, windows=(W,))
     first = make_request("turn1", list(range(64)))  # 16 blocks: the whole pool
     for _ in range(8):
         compute(kv, first, 8)
@@ -89,7 +89,7 @@ def test_a_cached_prefix_longer_than_the_pool_still_admits():
 
 def test_the_radix_cache_keeps_every_block_held():
     """Its tree takes a request's blocks as one path from the root: no holes."""
-    kv = KVCacheManager(num_blocks=16, block_size=BS, prefix_cache="radix", sliding_window=W)
+    kv = KVCacheManager(num_blocks=16, block_size=BS, prefix_cache="radix", windows=(W,))
     req = make_request("r", list(range(40)))
     for _ in range(5):
         compute(kv, req, 8)
@@ -98,7 +98,7 @@ def test_the_radix_cache_keeps_every_block_held():
 
 
 def test_caching_off_releases_too():
-    kv = KVCacheManager(num_blocks=16, block_size=BS, enable_caching=False, sliding_window=W)
+    kv = KVCacheManager(num_blocks=16, block_size=BS, enable_caching=False, windows=(W,))
     req = make_request("n", list(range(40)))
     for _ in range(5):
         compute(kv, req, 8)
@@ -117,5 +117,5 @@ def test_caching_off_releases_too():
     ],
 )
 def test_longest_sequence_one_request_can_hold_alone(window, chunk, lookahead, longest):
-    kv = KVCacheManager(num_blocks=16, block_size=BS, sliding_window=window)
+    kv = KVCacheManager(num_blocks=16, block_size=BS, windows=(window,))
     assert kv.longest_alone(chunk, lookahead) == longest
