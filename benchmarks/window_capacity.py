@@ -38,11 +38,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--num-gpu-blocks-override", type=int, default=None)
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--async-scheduling", action="store_true", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
     kw = dict(load_format=args.load_format, dtype=args.dtype)
-    for name in ("device", "num_gpu_blocks_override", "max_num_batched_tokens"):
+    for name in ("device", "num_gpu_blocks_override", "max_num_batched_tokens", "async_scheduling"):
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
     llm = LLM(args.model, max_model_len=args.context + args.max_tokens, **kw)
@@ -55,21 +56,39 @@ def main() -> None:
         ids = [rng.randrange(vocab) for _ in range(args.context)]
         engine.add_request(f"r{i}", ids, params)
     peak_running = peak_decode_blocks = 0
+    peak_detail: dict = {}  # the sequence at the peak: where its blocks are
+    # request id -> (its preemptions, its computed tokens) after the last step it ran in
+    computed: dict[str, tuple[int, int]] = {}
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
         engine.step()
         running = engine.scheduler.running
         peak_running = max(peak_running, len(running))
         for req in running:
-            # Decoding, past the step that released its last prompt chunk's window.
-            if req.num_output_tokens >= 2:
-                held = sum(
-                    1
+            # Counted in steps where it decoded one token, past the step that released its
+            # last prompt chunk's window (not in a step that recomputed it after preemption:
+            # a chunk's queries read every block of their windows, so it holds them all).
+            last = computed.get(req.request_id)
+            now = (req.num_preemptions, req.num_computed_tokens)
+            computed[req.request_id] = now
+            if req.num_output_tokens >= 2 and last == (now[0], now[1] - 1):
+                rid = req.request_id
+                per_group = [
+                    sum(1 for b in g.req_blocks.get(rid, []) if b is not RELEASED_BLOCK)
                     for g in kv.groups
-                    for b in g.req_blocks.get(req.request_id, [])
-                    if b is not RELEASED_BLOCK
-                )
-                peak_decode_blocks = max(peak_decode_blocks, held)
+                ]
+                held = sum(per_group)
+                if held > peak_decode_blocks:
+                    peak_decode_blocks = held
+                    peak_detail = {
+                        "request": rid,
+                        "computed_tokens": req.num_computed_tokens,
+                        "output_tokens": req.num_output_tokens,
+                        "preempted": req.num_preemptions,
+                        "held_per_group": per_group,
+                        "released_per_group": [g.num_released.get(rid, 0) for g in kv.groups],
+                        "cached_per_group": [g.num_cached.get(rid, 0) for g in kv.groups],
+                    }
     elapsed = time.perf_counter() - t0
     bs = kv.block_size
     full = -(-(args.context + args.max_tokens) // bs) * len(kv.groups)
@@ -87,6 +106,8 @@ def main() -> None:
         "sequences_held_without_release": kv.pool.num_blocks // full,
         "capacity_gain": full / max(peak_decode_blocks, 1),
         "window_releases": kv.num_window_releases,
+        "preemptions": engine.scheduler.num_preemptions,
+        "peak_sequence": peak_detail,
         "seconds": round(elapsed, 1),
     }
     print(json.dumps(result, indent=1))

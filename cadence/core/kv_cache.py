@@ -141,6 +141,10 @@ class KVCacheManager:
             f"{len(windows) - windows.count(None)} released behind {spans}-token windows)"
         )
 
+    @property
+    def num_groups(self) -> int:
+        return len(self.groups)
+
     # The first group's lists: the whole story of a model with one group.
     @property
     def req_blocks(self) -> dict[str, list[KVBlock]]:

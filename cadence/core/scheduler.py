@@ -293,7 +293,7 @@ class Scheduler:
             first_chunk = min(
                 cand.num_tokens - cand.num_computed_tokens, self.config.max_num_batched_tokens
             )
-            need = -(-first_chunk // bs) + 1
+            need = (-(-first_chunk // bs) + 1) * self.kv.num_groups  # (a list per KV group)
             if len(self.running) < self.config.max_num_seqs and self.kv.num_free_blocks >= need:
                 break
             self._preempt(victim, reason="a higher-priority request is waiting")

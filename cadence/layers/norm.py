@@ -66,15 +66,6 @@ class GemmaRMSNorm(nn.Module):
         x = x + residual
         return self._norm(x), x
 
-    def after(self, post: GemmaRMSNorm, x: torch.Tensor, residual: torch.Tensor):
-        """self(post(x), residual): a sandwich layer's post-norm, residual add and this
-        norm (one kernel on CUDA where both norms share an eps)."""
-        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1 and post.eps == self.eps:
-            from cadence.ops import fused
-
-            return fused.gemma_post_add_norm(x, residual, post.weight, self.weight, self.eps)
-        return self(post(x), residual)
-
 
 class LayerNorm(nn.LayerNorm):
     """LayerNorm (with or without a bias) under the RMSNorm's residual contract."""

@@ -24,7 +24,7 @@ from torch import nn
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from cadence.layers.norm import GemmaRMSNorm, RMSNorm
+from cadence.layers.norm import RMSNorm
 from cadence.layers.rotary import RotaryEmbedding
 from cadence.models.attention import Attention, AttentionOptions, head_dim_of
 from cadence.models.fused import norm_linear
@@ -78,14 +78,10 @@ class SandwichLayer(_Layer):
     def forward(self, cos_sin, x, residual, meta):
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = norm_linear(x, residual, self.input_layernorm, attn.qkv_proj, "qkv")
-        x = attn(cos_sin, qkv, meta)
-        pre_mlp = self.pre_feedforward_layernorm
-        if isinstance(pre_mlp, GemmaRMSNorm):  # post-norm, add and pre-norm in one kernel
-            x, residual = pre_mlp.after(self.post_attention_layernorm, x, residual)
-            gate_up = mlp.gate_up_proj(x)
-        else:
-            x = self.post_attention_layernorm(x)
-            gate_up, residual = norm_linear(x, residual, pre_mlp, mlp.gate_up_proj, "gate_up")
+        x = self.post_attention_layernorm(attn(cos_sin, qkv, meta))
+        gate_up, residual = norm_linear(
+            x, residual, self.pre_feedforward_layernorm, mlp.gate_up_proj, "gate_up"
+        )
         return self.post_feedforward_layernorm(mlp(gate_up)), residual
 
 

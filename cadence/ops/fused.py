@@ -7,7 +7,6 @@ even inside a CUDA graph. Each function here does one of those chains in one lau
 
     add_rms_norm(x, residual, weight, eps)   (norm(x + residual), x + residual)
     rms_norm(x, weight, eps)                 norm(x)
-    gemma_post_add_norm(x, res, post, w, eps)  the same, x first normed by `post` (Gemma 2/3)
     silu_and_mul(x)                          silu(x[:, :d]) * x[:, d:]
     rotary_(q, k, cos, sin)                  rotate q and k in place (rotate-half layout)
     argmax_rows(x)                           x.argmax(-1) of a few long rows (greedy tokens)
@@ -57,7 +56,6 @@ def _rms_norm_kernel(
     x_ptr,
     res_ptr,
     w_ptr,
-    pre_w_ptr,
     out_ptr,
     res_out_ptr,
     stride_x,
@@ -68,7 +66,6 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     GEMMA: tl.constexpr,  # weight stored as an offset from 1, product in float32 (Gemma)
-    PRE_NORM: tl.constexpr,  # x is first normed by pre_w (a sandwich's post-norm; Gemma)
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -79,11 +76,6 @@ def _rms_norm_kernel(
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     dtype = x.dtype
-    if PRE_NORM:  # (Gemma's convention, rounded once, as GemmaRMSNorm)
-        pf = x.to(tl.float32)
-        pre_var = tl.sum(pf * pf, axis=0) / n_cols
-        pre_w = tl.load(pre_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        x = (pf * tl.math.rsqrt(pre_var + eps) * (1.0 + pre_w)).to(dtype)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # PyTorch adds in the dtype
@@ -105,7 +97,6 @@ def _norm(
     weight: torch.Tensor,
     eps: float,
     gemma: bool = False,
-    pre_weight: torch.Tensor | None = None,
 ):
     rows, cols = x.shape
     out = torch.empty_like(x)
@@ -115,7 +106,6 @@ def _norm(
             x,
             residual if residual is not None else x,
             weight,
-            pre_weight if pre_weight is not None else weight,
             out,
             res_out,
             x.stride(0),
@@ -126,7 +116,6 @@ def _norm(
             eps,
             HAS_RESIDUAL=residual is not None,
             GEMMA=gemma,
-            PRE_NORM=pre_weight is not None,
             BLOCK=_pow2(cols),
             PDL=pdl(x.device),
             num_warps=8 if cols >= 2048 else 4,
@@ -145,15 +134,6 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), as RMSNorm.forward(x, residual) returns."""
     return _norm(x, residual, weight, eps, gemma)
-
-
-def gemma_post_add_norm(
-    x: torch.Tensor, residual: torch.Tensor, post: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(post_norm(x) + residual), post_norm(x) + residual), both Gemma RMSNorms of one
-    eps: a sandwich layer's post-attention norm, residual add and pre-MLP norm in one
-    kernel."""
-    return _norm(x, residual, weight, eps, True, post)
 
 
 @triton.jit

@@ -195,10 +195,10 @@ class DecodeGraphs:
             host[-1, b:] = 0  # table row 0
         staged = host.to(self.device, non_blocking=True)
         self.token_inputs[:, :size].copy_(staged[:-1])
-        for buffer, t in zip(
+        for buffer, table in zip(
             [self.block_tables, *self.group_block_tables], [tables, *group_tables]
         ):
-            buffer[:size, :width] = t.gather(staged[-1], width)
+            buffer[:size, :width] = table.gather(staged[-1], width)
             if size > b:
                 buffer[b:size, 0] = 0  # a padding row reads the zeroed block 0
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)

@@ -222,10 +222,10 @@ class MixedGraphs:
         self.ints.copy_(staged[:n_ints])
         self.work.copy_(staged[n_ints : n_ints + n_work].view(2, -1))
         table_rows = staged[n_ints + n_work :]
-        for buffer, t in zip(
+        for buffer, table in zip(
             [self.block_tables, *self.group_block_tables], [tables, *group_tables]
         ):
-            buffer[:b, :width] = t.gather(table_rows, width)
+            buffer[:b, :width] = table.gather(table_rows, width)
         if fill is not None:  # (rows, ids): token ids still on the device (async scheduling)
             self.tokens[0][fill[0]] = fill[1]
         self.graphs[size].replay()
