@@ -78,8 +78,11 @@ class FreeBlockQueue:
         return self.num_free
 
 
-# What a request's block list holds where it let go of a block (its keys are behind every
-# layer's sliding window): the block table names block 0 there. Attention reads no key
-# there unmasked, and block 0 only ever holds finite values (zeroed at start), so a masked
-# read of it adds exactly nothing.
+# What a request's block list holds where it let go of a block (its keys are behind its
+# group's sliding window). A table sent to the worker after that (a new or resumed
+# request) names block 0 there; a running request's table keeps the old id, which may by
+# then hold another request's K/V. Either way attention reads no key there unmasked: the
+# Triton kernels never load tiles behind the window, and the torch and CPU paths mask them
+# over a pool zeroed at start on the CPU (block 0 is zeroed everywhere), so every value a
+# masked read meets is finite and adds nothing.
 RELEASED_BLOCK = KVBlock(0)

@@ -36,7 +36,7 @@ def hash_block_tokens(
 
 
 def group_key(block_hash: bytes, group: int) -> bytes:
-    """What KV group `group` files a block of this prefix under."""
+    """What KV group `group` (0-255) files a block of this prefix under."""
     return block_hash if group == 0 else block_hash + bytes((group,))
 
 

@@ -240,8 +240,12 @@ class KVCacheManager:
             changed = False
             for g, blocks in zip(self.groups, found):
                 k = n
-                while k and not all(blocks[g.first_needed(k * bs, bs) : k]):
-                    k -= 1
+                while k:
+                    first = g.first_needed(k * bs, bs)
+                    gaps = [j for j in range(first, k) if blocks[j] is None]
+                    if not gaps:
+                        break
+                    k = gaps[-1]  # any longer hit would still read the last gap
                 changed |= k < n
                 n = k
         hits = [
@@ -258,7 +262,7 @@ class KVCacheManager:
         self,
         request: Request,
         num_new_tokens: int,
-        new_computed_blocks: PrefixHit | Sequence = (),
+        new_computed_blocks: PrefixHit | tuple[()] = (),
         lookahead: int = 0,
         cache: bool = True,
     ) -> list[list[KVBlock]] | None:
@@ -267,9 +271,10 @@ class KVCacheManager:
         K/V of its guesses; never hashed).
 
         `new_computed_blocks` is a prefix hit (from get_computed_blocks) that the request
-        takes now. Returns the newly allocated blocks per group, or None (and changes
-        nothing) if the pool cannot supply them. `cache=False`: the new tokens' K/V arrives
-        later than this step's forward (a remote prefill): cache_blocks() names them then.
+        takes now. Returns the newly allocated blocks per group, or None if the pool cannot
+        supply them (then nothing changed but the release of blocks the request no longer
+        reads, which is due either way). `cache=False`: the new tokens' K/V arrives later
+        than this step's forward (a remote prefill): cache_blocks() names them then.
         """
         rid = request.request_id
         bs = self.block_size
@@ -294,7 +299,8 @@ class KVCacheManager:
                 for g in self.groups:
                     del g.req_blocks[rid]
             return None
-        new_blocks = []
+        # Every group's hits are taken before any group's new blocks: a hit still in the
+        # free queue must leave it before get_new_blocks could hand it to another group.
         for g, blocks, group_hits in zip(self.groups, held, hits):
             # (Hits come only to a request that holds nothing yet.)
             skipped = sum(1 for b in group_hits if b is RELEASED_BLOCK)
@@ -303,8 +309,9 @@ class KVCacheManager:
             if skipped:  # named already (they are hits): no insert may stamp placeholders
                 g.num_released[rid] = skipped
                 g.num_cached[rid] = max(g.num_cached.get(rid, 0), num_hit)
-            new_blocks.append(self.pool.get_new_blocks(max(num_needed, 0)))
-            blocks.extend(new_blocks[-1])
+        new_blocks = [self.pool.get_new_blocks(max(num_needed, 0)) for _ in self.groups]
+        for blocks, group_new in zip(held, new_blocks):
+            blocks.extend(group_new)
         if cache:
             self.cache_blocks(request, total_tokens)
         return new_blocks
@@ -357,6 +364,7 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         held: dict[tuple[str, int], list[KVBlock]] = {}
+        owner: dict[int, tuple[str, int]] = {}  # block id -> a (request, group) holding it
         for i, g in enumerate(self.groups):
             for rid, blocks in g.req_blocks.items():
                 released = g.num_released.get(rid, 0)
@@ -364,4 +372,7 @@ class KVCacheManager:
                 assert all(b is not RELEASED_BLOCK for b in blocks[released:]), rid
                 assert len(blocks) == len(self.req_blocks[rid]), (rid, i)
                 held[rid, i] = blocks[released:]
+                for b in held[rid, i]:  # a block holds one group's layers' K/V
+                    other = owner.setdefault(b.block_id, (rid, i))
+                    assert other[1] == i, f"{b} is in group {other[1]} and group {i}"
         self.pool.check_integrity(held)

@@ -197,43 +197,43 @@ class Scheduler:
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
             if req.request_id in self._seen_by_worker:
-                first, *more = self.kv.get_group_block_ids(req.request_id)
+                first_ids, *later_ids = self.kv.get_group_block_ids(req.request_id)
                 out.cached_requests.append(
                     CachedRequestData(
                         req.request_id,
-                        first,
+                        first_ids,
                         req.num_computed_tokens,
                         resumed=was_preempted,
                         new_token_ids=req.take_unsent_tokens(),
-                        new_group_block_ids=more,
+                        new_group_block_ids=later_ids,
                     )
                 )
             else:
                 self._seen_by_worker.add(req.request_id)
                 req.take_unsent_tokens()  # output_token_ids below carries them
-                first, *more = self.kv.get_group_block_ids(req.request_id)
+                first_ids, *later_ids = self.kv.get_group_block_ids(req.request_id)
                 out.new_requests.append(
                     NewRequestData(
                         req.request_id,
                         req.prompt_token_ids,
                         list(req.output_token_ids),
                         req.sampling_params,
-                        first,
+                        first_ids,
                         req.num_computed_tokens,
-                        group_block_ids=more,
+                        group_block_ids=later_ids,
                     )
                 )
 
-        for rid, (first, *more) in new_blocks.items():
+        for rid, (first_ids, *later_ids) in new_blocks.items():
             req = self.requests[rid]
             out.cached_requests.append(
                 CachedRequestData(
                     rid,
-                    first,
+                    first_ids,
                     req.num_computed_tokens,
                     resumed=False,
                     new_token_ids=req.take_unsent_tokens(),
-                    new_group_block_ids=more,
+                    new_group_block_ids=later_ids,
                 )
             )
         if self.config.async_scheduling:

@@ -76,14 +76,15 @@ def _group_size(counts: list[int], num_layers: int) -> int:
 
 def runner_kv_groups(layers: list, config: EngineConfig, drafter=None) -> KVGroups:
     """The target model's groups: by window, unless every block must stay held by every
-    layer (a prefix cache that allows no holes, disaggregation, which moves whole prompts,
-    a drafter that keeps K/V of its own in the same blocks) or the layers' K/V shapes
-    differ (a slot has one shape)."""
+    layer. Disaggregation moves whole prompts, and a drafter that keeps K/V of its own in
+    the same blocks reads the whole context: one group, nothing released. A prefix cache
+    that allows no holes, or layers of different K/V shapes (a slot has one shape): one
+    group, released behind a window only where every layer slides."""
+    windows = [a.window for a in layers]
+    if config.kv_role or (drafter is not None and drafter.kv_bytes_per_block()):
+        return plan_kv_groups([None] * len(windows))
     cc = config.cache
-    split = (
-        prefix_cache_allows_holes(cc.prefix_cache, cc.enable_prefix_caching)
-        and not config.kv_role
-        and not (drafter is not None and drafter.kv_bytes_per_block())
-        and len({(a.num_kv_heads, a.head_dim) for a in layers}) <= 1
+    split = prefix_cache_allows_holes(cc.prefix_cache, cc.enable_prefix_caching) and (
+        len({(a.num_kv_heads, a.head_dim) for a in layers}) <= 1
     )
-    return plan_kv_groups([a.window for a in layers], split)
+    return plan_kv_groups(windows, split)

@@ -130,6 +130,10 @@ def profile_cuda_memory(runner: RunnerParts) -> int:
     # CUDA graphs of decode steps take a small pool of their own (<= max_num_seqs
     # tokens of activations); keep room for it and for allocator fragmentation.
     reserve = 512 * 2**20
+    # Each KV group past the first keeps a device block table, and a table buffer in the
+    # decode and the mixed-step graphs: int64 rows of max_blocks_per_seq, allocated later.
+    table_rows = sc.max_num_seqs + 2
+    reserve += (runner.kv_groups.num_groups - 1) * 3 * table_rows * runner.max_blocks_per_seq * 8
     budget = int(
         total * runner.config.cache.gpu_memory_utilization - used_before - activations - reserve
     )

@@ -244,7 +244,7 @@ class ModelRunner:
             st = self.requests.pop(rid, None)
             if st is not None:
                 self.tables.remove(st.row)
-        groups = self.group_tables
+        group_tables = self.group_tables
         for new in sched.new_requests:
             params = new.sampling_params
             gen = None
@@ -261,12 +261,12 @@ class ModelRunner:
                 if params.prompt_logprobs is None
                 else PromptLogprobsState(params.prompt_logprobs),
             )
-            for table, ids in zip(groups, new.group_block_ids, strict=True):
+            for table, ids in zip(group_tables, new.group_block_ids, strict=True):
                 table.put(row, ids)
         for cached in sched.cached_requests:
             st = self.requests[cached.request_id]
             tables = zip(
-                [self.tables, *groups],
+                [self.tables, *group_tables],
                 [cached.new_block_ids, *cached.new_group_block_ids],
                 strict=True,
             )

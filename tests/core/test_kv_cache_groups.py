@@ -123,3 +123,20 @@ def test_longest_sequence_one_request_can_hold_alone(windows, chunk, longest):
 def test_the_radix_cache_refuses_several_groups():
     with pytest.raises(ValueError, match="radix prefix cache keeps one KV group"):
         KVCacheManager(16, BS, prefix_cache="radix", windows=(None, W))
+
+
+@pytest.mark.parametrize("num_blocks", [19, 20])
+def test_a_hit_in_the_free_queue_never_becomes_another_groups_new_block(num_blocks):
+    """The local group's hits sit near the free queue's head (released early): they are
+    taken before any group draws new blocks, so the global group cannot be handed one."""
+    kv = group_manager(num_blocks)
+    a = make_request("a", list(range(40)))
+    for _ in range(5):
+        compute(kv, a, 8)
+    b = make_request("b", list(range(13)))  # shares a's first three blocks
+    hits, _ = kv.get_computed_blocks(b)
+    compute(kv, b, 1, hits)
+    global_ids = {x.block_id for x in kv.groups[0].req_blocks["b"]}
+    local_ids = {x.block_id for x in kv.groups[1].req_blocks["b"] if x is not RELEASED_BLOCK}
+    assert not global_ids & local_ids
+    kv.check_integrity()  # (which checks that no block is in two groups)

@@ -45,3 +45,22 @@ def test_the_group_size_shrinks_until_padding_is_small():
 def test_no_split_keeps_one_group_windowed_only_where_every_layer_slides():
     assert plan_kv_groups([L, G, L], split=False) == KVGroups((None,), ((0, 1, 2),))
     assert plan_kv_groups([L, 2 * L], split=False) == KVGroups((2 * L,), ((0, 1),))
+
+
+def test_the_runner_keeps_one_unreleased_group_for_disaggregation_and_drafters_kv():
+    """Disaggregation moves whole prompts, and a draft model reads the whole context from
+    the same blocks: nothing may be released, whatever the windows."""
+    from types import SimpleNamespace
+
+    from cadence.config import EngineConfig
+    from cadence.worker.kv_groups import runner_kv_groups
+
+    layers = [SimpleNamespace(window=w, num_kv_heads=2, head_dim=16) for w in (L, G, L)]
+    config = EngineConfig()
+    assert runner_kv_groups(layers, config).num_groups == 3
+    drafter = SimpleNamespace(kv_bytes_per_block=lambda: 1024)
+    assert runner_kv_groups(layers, config, drafter) == KVGroups((None,), ((0, 1, 2),))
+    all_slide = [SimpleNamespace(window=L, num_kv_heads=2, head_dim=16)] * 2
+    assert runner_kv_groups(all_slide, config, drafter).windows == (None,)
+    config.kv_role = "prefill"
+    assert runner_kv_groups(all_slide, config).windows == (None,)
