@@ -160,6 +160,31 @@ ZOO = {
     "stablelm-parallel": lambda: _zoo_config(
         "StableLmConfig", "StableLmForCausalLM", use_parallel_residual=True
     ),
+    # Mixtures of experts: 8 experts, top 2 (so in a short batch some get no token).
+    "mixtral": lambda: _zoo_config(
+        "MixtralConfig", "MixtralForCausalLM", num_local_experts=8, num_experts_per_tok=2
+    ),
+    "qwen2-moe": lambda: _zoo_config(
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        shared_expert_intermediate_size=96,
+        norm_topk_prob=False,
+        mlp_only_layers=[1],  # layer 1 keeps a dense MLP
+    ),
+    "qwen3-moe": lambda: _zoo_config(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=48,
+        norm_topk_prob=True,
+    ),
+    "olmoe": lambda: _zoo_config(
+        "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2
+    ),
 }
 
 

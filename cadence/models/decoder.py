@@ -29,6 +29,7 @@ from cadence.layers.rotary import RotaryEmbedding
 from cadence.models.attention import Attention, AttentionOptions, head_dim_of
 from cadence.models.fused import norm_linear
 from cadence.models.mlp import GatedMLP
+from cadence.models.moe import SparseMoE
 from cadence.models.weights import load_checkpoint
 
 
@@ -58,10 +59,14 @@ class PreNormLayer(_Layer):
         x = attn(cos_sin, qkv, meta)
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
-        gate_up, residual = norm_linear(
-            x, residual, self.post_attention_layernorm, mlp.gate_up_proj, "gate_up"
-        )
-        x = mlp(gate_up)
+        if isinstance(mlp, SparseMoE):  # a mixture routes the normed hidden state itself
+            x, residual = self.post_attention_layernorm(x, residual)
+            x = mlp(x)
+        else:
+            gate_up, residual = norm_linear(
+                x, residual, self.post_attention_layernorm, mlp.gate_up_proj, "gate_up"
+            )
+            x = mlp(gate_up)
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
         return x, residual
@@ -111,6 +116,9 @@ class DecoderForCausalLM(nn.Module):
     Llama's answer."""
 
     layer_kind: type[nn.Module] = PreNormLayer
+    # Whether a forward pass may be captured in a CUDA graph (a mixture of experts' torch
+    # path reads its routing on the host: eager until a device-side grouped GEMM lands).
+    graph_safe = True
     # checkpoint name piece -> (our parameter name piece, shard index in the fused weight)
     fused_names: dict[str, tuple[str, int]] = {
         "q_proj": ("qkv_proj", 0),

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from torch import nn
 
 from cadence.layers.linear import ColumnParallelLinear, shape_of
+from cadence.models.moe import FusedExperts
 
 
 class Rows:
@@ -44,6 +45,17 @@ def _kv_scale_of(name: str) -> tuple[int, str] | None:
     return None
 
 
+def _expert_of(name: str) -> tuple[str, int, str] | None:
+    """(owner, expert, piece) for a mixture's per-expert weight `<owner>.<expert>.<piece>.
+    weight` whose owner ends in `experts` (`layers.1.mlp.experts.3.w1.weight`)."""
+    parts = name.split(".")
+    if len(parts) < 4 or parts[-1] != "weight" or not parts[-3].isdigit():
+        return None
+    if parts[-4] != "experts":
+        return None
+    return ".".join(parts[:-3]), int(parts[-3]), parts[-2]
+
+
 def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> None:
     """Load (name, tensor or safetensors slice) pairs in the checkpoint's naming into a
     DecoderForCausalLM; raise ValueError on an unknown name, a shape that does not fit, or
@@ -63,6 +75,13 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
             value = float(source[...] if shape_of(source) == () else source[:].max())
             k, v = attn.kv_scale
             attn.kv_scale = (value, v) if which == "k" else (k, value)
+            continue
+        if (expert := _expert_of(name)) is not None:
+            owner, index, piece = expert
+            module = modules.get(owner)
+            if not isinstance(module, FusedExperts):
+                raise ValueError(f"unexpected weight {name!r} in the checkpoint")
+            module.load_expert(piece, source, index)
             continue
         owner, _, kind = name.rpartition(".")
         if owner.rpartition(".")[2] in model.prefused_names and kind in ("weight", "bias"):
@@ -96,7 +115,12 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
                 )
             param.data.copy_(source[:])
         loaded.add(f"{name}#{shard}")
-    missing = []
+    missing = [
+        f"{owner}: {what}"
+        for owner, module in modules.items()
+        if isinstance(module, FusedExperts)
+        for what in module.missing()
+    ]
     for name in params:
         if name.rpartition(".")[2] not in ("weight", "bias"):
             continue  # a format's optional extras (scales) default where absent

@@ -14,10 +14,13 @@ from tp_helpers import CPU, greedy, hf_reference, prompts_for, save_tiny_with_to
 from cadence import LLM, SamplingParams
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "qwen3", "llama-mqa", "gemma2"])
+@pytest.mark.parametrize(
+    "kind", ["llama", "llama-tied", "qwen2", "qwen3", "llama-mqa", "gemma2", "qwen2-moe"]
+)
 def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_model):
     # llama-mqa has one KV head: both ranks hold a replica of it. gemma2's local and global
     # layers keep a block list per KV group: every rank's tables follow the same groups.
+    # qwen2-moe: each rank holds half of every expert's columns (and of the shared one's).
     path = tiny_model_dir(kind)
     prompts = prompts_for(path)
     expected = hf_reference(hf_model(path), prompts)

@@ -1,0 +1,157 @@
+"""Mixture-of-experts feed-forward blocks: a router picks each token's top-k experts, the
+experts' SwiGLU MLPs run on the tokens routed to them, and their outputs are summed by the
+routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate).
+
+    SparseMoE        router (replicated Linear hidden -> experts), FusedExperts, shared expert
+    FusedExperts     every expert's weights stacked: w13 [E, 2 * I, H] (gate rows, then up),
+                     w2 [E, H, I]; under tensor parallelism each rank holds every expert's
+                     I / tp columns, as a dense MLP's, and the block's output is all-reduced
+    route()          softmax over the experts in float32, top-k, optional renormalisation
+
+This is the reference path every device runs: tokens sorted by expert, one GEMM pair per
+expert that received any token. Checkpoints store experts one by one (`experts.3.w1`,
+Mixtral; `experts.3.gate_proj`, Qwen and OLMoE); `load_expert` fills the stacked rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cadence.distributed.communication import all_reduce
+from cadence.distributed.parallel_state import get_tp
+from cadence.layers.activation import SiluAndMul
+from cadence.layers.linear import divide
+from cadence.models.mlp import GatedMLP
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    renormalize: bool  # the top-k weights rescaled to sum to 1
+    # The routing weights stay float32 into the weighted sum (Mixtral); False: cast to the
+    # activations' dtype first (Qwen, OLMoE).
+    float32_weights: bool = False
+    shared_intermediate_size: int = 0  # a shared expert's (0: none), behind a sigmoid gate
+
+
+def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, expert ids [T, k]) from router logits [T, E]."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+class FusedExperts(nn.Module):
+    # checkpoint piece -> (our stacked weight, which half of w13; None: all of w2)
+    PIECES: dict[str, tuple[str, int | None]] = {
+        "w1": ("w13", 0),
+        "gate_proj": ("w13", 0),
+        "w3": ("w13", 1),
+        "up_proj": ("w13", 1),
+        "w2": ("w2", None),
+        "down_proj": ("w2", None),
+    }
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        tp = get_tp()
+        self.num_experts = num_experts
+        self.local = divide(intermediate, tp.size, "moe_intermediate_size")  # columns a rank holds
+        self.start = tp.rank * self.local
+        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local, hidden))
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local))
+        self.act = SiluAndMul()
+        self._loaded: set[tuple[str, int | None, int]] = set()  # (weight, half, expert)
+
+    def load_expert(self, piece: str, source, expert: int) -> None:
+        """Expert `expert`'s checkpoint weight `piece` (a tensor or safetensors slice of the
+        whole expert), this rank's columns of it."""
+        if piece not in self.PIECES or not 0 <= expert < self.num_experts:
+            raise ValueError(f"unexpected expert weight {piece!r} of expert {expert}")
+        name, half = self.PIECES[piece]
+        lo, hi = self.start, self.start + self.local
+        if half is None:
+            rows = source[:, lo:hi]
+            target = self.w2.data[expert]
+        else:
+            rows = source[lo:hi]
+            target = self.w13.data[expert, half * self.local : (half + 1) * self.local]
+        if tuple(rows.shape) != tuple(target.shape):
+            raise ValueError(
+                f"expert {expert} {piece}: checkpoint shape {tuple(rows.shape)} does not fit "
+                f"{tuple(target.shape)}"
+            )
+        target.copy_(rows)
+        self._loaded.add((name, half, expert))
+
+    def missing(self) -> list[str]:
+        """Expert weights the checkpoint did not give (after loading)."""
+        parts = {("w13", 0): "gate", ("w13", 1): "up", ("w2", None): "down"}
+        return [
+            f"expert {e} {what}"
+            for e in range(self.num_experts)
+            for (name, half), what in parts.items()
+            if (name, half, e) not in self._loaded
+        ]
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """This rank's share of sum_k weights[t, k] * expert[ids[t, k]](x[t]), [T, H] in
+        x's dtype; `weights` in the dtype the products are scaled in."""
+        top_k = ids.shape[1]
+        flat = ids.flatten()
+        order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        flat_weights = weights.flatten()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, n in enumerate(counts):
+            if not n:
+                continue
+            pairs = order[start : start + n]
+            start += n
+            tokens = pairs // top_k
+            h = self.act(F.linear(x[tokens], self.w13[expert]))
+            h = F.linear(h, self.w2[expert]) * flat_weights[pairs, None]
+            out.index_add_(0, tokens, h.to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    """The block a mixture-of-experts layer has in place of its MLP. Unlike a dense MLP
+    it takes the normed hidden state itself ([T, H]), not a projection of it."""
+
+    def __init__(self, config, options: MoEOptions) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.options = options
+        self.gate = nn.Linear(hidden, options.num_experts, bias=False)  # the router
+        self.experts = FusedExperts(options.num_experts, hidden, options.intermediate_size)
+        self.shared_expert = self.shared_expert_gate = None
+        if options.shared_intermediate_size:
+            shared = SimpleNamespace(
+                hidden_size=hidden,
+                intermediate_size=options.shared_intermediate_size,
+                hidden_act="silu",
+            )
+            self.shared_expert = GatedMLP(shared)
+            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        opts = self.options
+        weights, ids = route(self.gate(x), opts.top_k, opts.renormalize)
+        if not opts.float32_weights:
+            weights = weights.to(x.dtype)
+        out = all_reduce(self.experts(x, ids, weights))
+        if self.shared_expert is not None:
+            shared = self.shared_expert(self.shared_expert.gate_up_proj(x))
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared
+        return out

@@ -1,0 +1,87 @@
+"""The mixture-of-experts block (cadence/models/moe.py): routing as transformers does it,
+the experts' sorted per-expert path equal to a plain loop over tokens and their chosen
+experts, including experts that receive no token, and the shared expert's sigmoid gate.
+(The families built on it run against transformers in test_zoo.py.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from cadence.models.moe import FusedExperts, MoEOptions, SparseMoE, route
+
+H, I, E = 16, 24, 6
+
+
+def plain_loop(x, experts: FusedExperts, ids, weights):
+    """Token by token, chosen expert by chosen expert: what a mixture means."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for slot in range(ids.shape[1]):
+            e = int(ids[t, slot])
+            gate, up = F.linear(x[t], experts.w13[e]).chunk(2)
+            out[t] += weights[t, slot] * F.linear(F.silu(gate) * up, experts.w2[e])
+    return out
+
+
+def random_experts(seed: int = 0) -> FusedExperts:
+    torch.manual_seed(seed)
+    experts = FusedExperts(E, H, I)
+    experts.w13.data.normal_()
+    experts.w2.data.normal_()
+    return experts
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 17])
+def test_sorted_experts_equal_a_plain_loop_even_where_experts_get_no_token(num_tokens):
+    experts = random_experts()
+    x = torch.randn(num_tokens, H)
+    ids = torch.randint(0, E - 2, (num_tokens, 2))  # experts 4 and 5 never chosen
+    ids[:, 1] = (ids[:, 0] + 1) % (E - 2)  # two distinct experts a token
+    weights = torch.rand(num_tokens, 2)
+    got = experts(x, ids, weights)
+    torch.testing.assert_close(got, plain_loop(x, experts, ids, weights), atol=1e-4, rtol=1e-4)
+
+
+def test_routing_takes_the_top_k_softmax_weights_and_renormalises_on_request():
+    logits = torch.tensor([[0.0, 2.0, 1.0, -1.0]])
+    weights, ids = route(logits, 2, renormalize=False)
+    probs = torch.softmax(logits, -1)
+    assert ids.tolist() == [[1, 2]]
+    torch.testing.assert_close(weights, probs[:, [1, 2]])
+    weights, _ = route(logits, 2, renormalize=True)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1))
+    assert weights.dtype == torch.float32
+
+
+def test_the_shared_expert_adds_behind_a_sigmoid_gate():
+    config = SimpleNamespace(hidden_size=H)
+    options = MoEOptions(E, 2, I, renormalize=True, shared_intermediate_size=8)
+    torch.manual_seed(1)
+    moe = SparseMoE(config, options)
+    for p in moe.parameters():
+        p.data.normal_()
+    x = torch.randn(5, H)
+    weights, ids = route(moe.gate(x), 2, True)
+    routed = plain_loop(x, moe.experts, ids, weights)
+    shared = moe.shared_expert
+    gate, up = shared.gate_up_proj(x).chunk(2, dim=-1)
+    expected = routed + torch.sigmoid(moe.shared_expert_gate(x)) * shared.down_proj(
+        F.silu(gate) * up
+    )
+    torch.testing.assert_close(moe(x), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_loading_an_expert_checks_names_and_shapes():
+    experts = FusedExperts(E, H, I)
+    experts.load_expert("w1", torch.ones(I, H), 0)
+    with pytest.raises(ValueError, match="unexpected expert weight"):
+        experts.load_expert("w9", torch.ones(I, H), 0)
+    with pytest.raises(ValueError, match="unexpected expert weight"):
+        experts.load_expert("w1", torch.ones(I, H), E)
+    with pytest.raises(ValueError, match="does not fit"):
+        experts.load_expert("w2", torch.ones(H + 1, I), 1)
+    assert "expert 0 up" in experts.missing() and "expert 0 gate" not in experts.missing()
