@@ -116,9 +116,6 @@ class DecoderForCausalLM(nn.Module):
     Llama's answer."""
 
     layer_kind: type[nn.Module] = PreNormLayer
-    # Whether a forward pass may be captured in a CUDA graph (a mixture of experts' torch
-    # path reads its routing on the host: eager until a device-side grouped GEMM lands).
-    graph_safe = True
     # checkpoint name piece -> (our parameter name piece, shard index in the fused weight)
     fused_names: dict[str, tuple[str, int]] = {
         "q_proj": ("qkv_proj", 0),

@@ -11,8 +11,6 @@ from cadence.models.moe import MoEOptions, SparseMoE
 
 
 class MixtralForCausalLM(DecoderForCausalLM):
-    graph_safe = False
-
     def make_mlp(self, config, layer: int) -> nn.Module:
         options = MoEOptions(
             num_experts=config.num_local_experts,

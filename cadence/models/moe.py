@@ -3,14 +3,16 @@ experts' SwiGLU MLPs run on the tokens routed to them, and their outputs are sum
 routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate).
 
     SparseMoE        router (replicated Linear hidden -> experts), FusedExperts, shared expert
-    FusedExperts     every expert's weights stacked: w13 [E, 2 * I, H] (gate rows, then up),
-                     w2 [E, H, I]; under tensor parallelism each rank holds every expert's
-                     I / tp columns, as a dense MLP's, and the block's output is all-reduced
+    FusedExperts     every expert's weights stacked: w13_weight [E, 2 * I, H] (gate rows,
+                     then up), w2_weight [E, H, I]; under tensor parallelism each rank
+                     holds every expert's I / tp columns, as a dense MLP's, and the
+                     block's output is all-reduced
     route()          softmax over the experts in float32, top-k, optional renormalisation
 
-This is the reference path every device runs: tokens sorted by expert, one GEMM pair per
-expert that received any token. Checkpoints store experts one by one (`experts.3.w1`,
-Mixtral; `experts.3.gate_proj`, Qwen and OLMoE); `load_expert` fills the stacked rows.
+On the CPU: tokens sorted by expert, one GEMM pair per expert that received any token
+(`forward_reference`); on CUDA the Triton grouped GEMMs of cadence/ops/fused_moe.py.
+Checkpoints store experts one by one (`experts.3.w1`, Mixtral; `experts.3.gate_proj`, Qwen
+and OLMoE); `load_expert` fills the stacked rows.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ class FusedExperts(nn.Module):
         self.num_experts = num_experts
         self.local = divide(intermediate, tp.size, "moe_intermediate_size")  # columns a rank holds
         self.start = tp.rank * self.local
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * self.local, hidden))
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.local))
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.local, hidden))
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden, self.local))
         self.act = SiluAndMul()
         self._loaded: set[tuple[str, int | None, int]] = set()  # (weight, half, expert)
 
@@ -81,10 +83,10 @@ class FusedExperts(nn.Module):
         lo, hi = self.start, self.start + self.local
         if half is None:
             rows = source[:, lo:hi]
-            target = self.w2.data[expert]
+            target = self.w2_weight.data[expert]
         else:
             rows = source[lo:hi]
-            target = self.w13.data[expert, half * self.local : (half + 1) * self.local]
+            target = self.w13_weight.data[expert, half * self.local : (half + 1) * self.local]
         if tuple(rows.shape) != tuple(target.shape):
             raise ValueError(
                 f"expert {expert} {piece}: checkpoint shape {tuple(rows.shape)} does not fit "
@@ -105,7 +107,19 @@ class FusedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """This rank's share of sum_k weights[t, k] * expert[ids[t, k]](x[t]), [T, H] in
-        x's dtype; `weights` in the dtype the products are scaled in."""
+        x's dtype; `weights` in the dtype the products are scaled in. On CUDA: the Triton
+        grouped GEMMs (cadence/ops/fused_moe.py), which never wait on the host."""
+        if x.is_cuda:
+            from cadence.ops import fused_moe
+
+            return fused_moe.fused_experts(x, self.w13_weight, self.w2_weight, ids, weights)
+        return self.forward_reference(x, ids, weights)
+
+    def forward_reference(
+        self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """forward() in torch: tokens sorted by expert, a GEMM pair per expert that got any
+        (the number of tokens each expert got is read on the host)."""
         top_k = ids.shape[1]
         flat = ids.flatten()
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
@@ -119,8 +133,8 @@ class FusedExperts(nn.Module):
             pairs = order[start : start + n]
             start += n
             tokens = pairs // top_k
-            h = self.act(F.linear(x[tokens], self.w13[expert]))
-            h = F.linear(h, self.w2[expert]) * flat_weights[pairs, None]
+            h = self.act(F.linear(x[tokens], self.w13_weight[expert]))
+            h = F.linear(h, self.w2_weight[expert]) * flat_weights[pairs, None]
             out.index_add_(0, tokens, h.to(out.dtype))
         return out
 

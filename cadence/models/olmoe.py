@@ -14,8 +14,6 @@ from cadence.models.moe import MoEOptions, SparseMoE
 
 
 class OlmoeForCausalLM(DecoderForCausalLM):
-    graph_safe = False
-
     def __init__(self, config, backend, max_position: int) -> None:
         if getattr(config, "clip_qkv", None) is not None:
             raise ValueError("OLMoE with clip_qkv is not supported yet")

@@ -29,8 +29,6 @@ def moe_options(config, shared: bool) -> MoEOptions:
 
 
 class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
-    graph_safe = False
-
     def make_mlp(self, config, layer: int) -> nn.Module:
         if not is_sparse(config, layer):
             return super().make_mlp(config, layer)
@@ -38,8 +36,6 @@ class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    graph_safe = False
-
     def make_mlp(self, config, layer: int) -> nn.Module:
         if not is_sparse(config, layer):
             return super().make_mlp(config, layer)

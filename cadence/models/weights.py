@@ -125,6 +125,8 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
         if name.rpartition(".")[2] not in ("weight", "bias"):
             continue  # a format's optional extras (scales) default where absent
         owner = modules[name.rpartition(".")[0]]
+        if isinstance(owner, FusedExperts):
+            continue  # (counted expert by expert above)
         shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1
         missing += [name for i in range(shards) if f"{name}#{i}" not in loaded]
     if missing:

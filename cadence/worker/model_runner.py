@@ -198,9 +198,6 @@ class ModelRunner:
     def _use_cuda_graphs(self) -> bool:
         if self.device.type != "cuda" or self.config.enforce_eager:
             return False
-        if not getattr(self.model, "graph_safe", True):
-            logger.info("%s is not graph-safe yet: eager", type(self.model).__name__)
-            return False
         if not self.backend.capabilities.decode_graphs:
             logger.info("attention backend %s has no graph-safe decode: eager", self.backend.name)
             return False

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from cadence.models.moe import FusedExperts, MoEOptions, SparseMoE, route
 
-H, I, E = 16, 24, 6
+H, INTER, E = 16, 24, 6
 
 
 def plain_loop(x, experts: FusedExperts, ids, weights):
@@ -22,16 +22,16 @@ def plain_loop(x, experts: FusedExperts, ids, weights):
     for t in range(x.shape[0]):
         for slot in range(ids.shape[1]):
             e = int(ids[t, slot])
-            gate, up = F.linear(x[t], experts.w13[e]).chunk(2)
-            out[t] += weights[t, slot] * F.linear(F.silu(gate) * up, experts.w2[e])
+            gate, up = F.linear(x[t], experts.w13_weight[e]).chunk(2)
+            out[t] += weights[t, slot] * F.linear(F.silu(gate) * up, experts.w2_weight[e])
     return out
 
 
 def random_experts(seed: int = 0) -> FusedExperts:
     torch.manual_seed(seed)
-    experts = FusedExperts(E, H, I)
-    experts.w13.data.normal_()
-    experts.w2.data.normal_()
+    experts = FusedExperts(E, H, INTER)
+    experts.w13_weight.data.normal_()
+    experts.w2_weight.data.normal_()
     return experts
 
 
@@ -59,7 +59,7 @@ def test_routing_takes_the_top_k_softmax_weights_and_renormalises_on_request():
 
 def test_the_shared_expert_adds_behind_a_sigmoid_gate():
     config = SimpleNamespace(hidden_size=H)
-    options = MoEOptions(E, 2, I, renormalize=True, shared_intermediate_size=8)
+    options = MoEOptions(E, 2, INTER, renormalize=True, shared_intermediate_size=8)
     torch.manual_seed(1)
     moe = SparseMoE(config, options)
     for p in moe.parameters():
@@ -76,12 +76,12 @@ def test_the_shared_expert_adds_behind_a_sigmoid_gate():
 
 
 def test_loading_an_expert_checks_names_and_shapes():
-    experts = FusedExperts(E, H, I)
-    experts.load_expert("w1", torch.ones(I, H), 0)
+    experts = FusedExperts(E, H, INTER)
+    experts.load_expert("w1", torch.ones(INTER, H), 0)
     with pytest.raises(ValueError, match="unexpected expert weight"):
-        experts.load_expert("w9", torch.ones(I, H), 0)
+        experts.load_expert("w9", torch.ones(INTER, H), 0)
     with pytest.raises(ValueError, match="unexpected expert weight"):
-        experts.load_expert("w1", torch.ones(I, H), E)
+        experts.load_expert("w1", torch.ones(INTER, H), E)
     with pytest.raises(ValueError, match="does not fit"):
-        experts.load_expert("w2", torch.ones(H + 1, I), 1)
+        experts.load_expert("w2", torch.ones(H + 1, INTER), 1)
     assert "expert 0 up" in experts.missing() and "expert 0 gate" not in experts.missing()

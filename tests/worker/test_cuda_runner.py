@@ -62,6 +62,8 @@ ZOO_ON_TRITON = [
     "gemma3",
     "phi3",
     "cohere2",
+    "mixtral",  # mixtures of experts: the Triton grouped GEMMs inside the graphs
+    "qwen2-moe",
 ]
 
 
