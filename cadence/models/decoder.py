@@ -1,4 +1,4 @@
-"""The decoder every dense family is: embedding, a stack of layers, a final norm, logits.
+"""The decoder every family is: embedding, a stack of layers, a final norm, logits.
 
 A family file subclasses `DecoderForCausalLM` and says only how its blocks are arranged:
 which layer kind (how norms and residuals wrap attention and the MLP), its attention's
@@ -11,7 +11,9 @@ names map onto ours. Layer kinds:
     ParallelLayer   x + attn(norm(x)) + mlp(norm(x))         Cohere
 
 A layer's output is a pair (x, residual) whose sum is the hidden state (residual None: x is
-all of it), so pre-norm layers fuse each residual add into the next norm.
+all of it), so pre-norm layers fuse each residual add into the next norm. A mixture of
+experts (models/moe.py) takes a pre-norm layer's MLP place: it is handed the normed hidden
+state itself, not a projection of it.
 """
 
 from __future__ import annotations

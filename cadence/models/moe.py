@@ -28,7 +28,8 @@ from cadence.distributed.communication import all_reduce
 from cadence.distributed.parallel_state import get_tp
 from cadence.layers.activation import SiluAndMul
 from cadence.layers.linear import divide
-from cadence.models.mlp import GatedMLP
+from cadence.models.mlp import GatedMLP, activation_of
+from cadence.quant.base import QuantMethod, current_method
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,12 @@ class FusedExperts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
+        method = current_method()
+        if method.name != QuantMethod.name:
+            raise NotImplementedError(
+                f"experts quantized as {method.describe()} are not supported yet "
+                "(mixtures of experts run in the model's dtype for now)"
+            )
         tp = get_tp()
         self.num_experts = num_experts
         self.local = divide(intermediate, tp.size, "moe_intermediate_size")  # columns a rank holds
@@ -94,6 +101,20 @@ class FusedExperts(nn.Module):
             )
         target.copy_(rows)
         self._loaded.add((name, half, expert))
+
+    def load_stacked(self, piece: str, source) -> None:
+        """transformers 5's own layout: every expert in one tensor, `gate_up_proj`
+        [E, 2I, H] (gate rows, then up) or `down_proj` [E, H, I]."""
+        shape = tuple(source.shape)
+        for expert in range(self.num_experts):
+            if piece == "gate_up_proj" and len(shape) == 3 and shape[1] % 2 == 0:
+                whole = shape[1] // 2
+                self.load_expert("gate_proj", source[expert, :whole], expert)
+                self.load_expert("up_proj", source[expert, whole:], expert)
+            elif piece == "down_proj" and len(shape) == 3:
+                self.load_expert("down_proj", source[expert], expert)
+            else:
+                raise ValueError(f"unexpected stacked expert weight {piece!r} of shape {shape}")
 
     def missing(self) -> list[str]:
         """Expert weights the checkpoint did not give (after loading)."""
@@ -145,6 +166,8 @@ class SparseMoE(nn.Module):
 
     def __init__(self, config, options: MoEOptions) -> None:
         super().__init__()
+        if activation_of(config) not in ("silu", "swish"):
+            raise ValueError(f"experts with {activation_of(config)!r} are not supported yet")
         hidden = config.hidden_size
         self.options = options
         self.gate = nn.Linear(hidden, options.num_experts, bias=False)  # the router

@@ -4,14 +4,18 @@ the others keep a dense MLP. Qwen2-MoE adds a shared expert behind a sigmoid gat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
+from cadence.models.attention import AttentionOptions
 from cadence.models.moe import MoEOptions, SparseMoE
 from cadence.models.qwen2 import Qwen2ForCausalLM
 from cadence.models.qwen3 import Qwen3ForCausalLM
 
 
 def is_sparse(config, layer: int) -> bool:
+    """Whether `layer` has a mixture of experts (else a dense MLP), as transformers says."""
     if layer in (getattr(config, "mlp_only_layers", None) or ()):
         return False
     step = getattr(config, "decoder_sparse_step", 1) or 1
@@ -19,6 +23,7 @@ def is_sparse(config, layer: int) -> bool:
 
 
 def moe_options(config, shared: bool) -> MoEOptions:
+    """The mixture a Qwen MoE config describes (`shared`: Qwen2-MoE's shared expert)."""
     return MoEOptions(
         num_experts=config.num_experts,
         top_k=config.num_experts_per_tok,
@@ -29,6 +34,10 @@ def moe_options(config, shared: bool) -> MoEOptions:
 
 
 class Qwen2MoeForCausalLM(Qwen2ForCausalLM):
+    def attention_options(self, config, layer: int) -> AttentionOptions:
+        bias = bool(getattr(config, "qkv_bias", True))
+        return replace(super().attention_options(config, layer), qkv_bias=bias)
+
     def make_mlp(self, config, layer: int) -> nn.Module:
         if not is_sparse(config, layer):
             return super().make_mlp(config, layer)

@@ -76,6 +76,10 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
             k, v = attn.kv_scale
             attn.kv_scale = (value, v) if which == "k" else (k, value)
             continue
+        owner, _, piece = name.rpartition(".")
+        if piece in ("gate_up_proj", "down_proj") and isinstance(modules.get(owner), FusedExperts):
+            modules[owner].load_stacked(piece, source)  # (transformers 5's stacked layout)
+            continue
         if (expert := _expert_of(name)) is not None:
             owner, index, piece = expert
             module = modules.get(owner)
@@ -125,8 +129,6 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
         if name.rpartition(".")[2] not in ("weight", "bias"):
             continue  # a format's optional extras (scales) default where absent
         owner = modules[name.rpartition(".")[0]]
-        if isinstance(owner, FusedExperts):
-            continue  # (counted expert by expert above)
         shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1
         missing += [name for i in range(shards) if f"{name}#{i}" not in loaded]
     if missing:

@@ -8,7 +8,7 @@ expert's run is padded to a multiple of BLOCK_M rows (`align`):
     block_expert   [P_max / BLOCK_M]   the expert whose rows a block of BLOCK_M holds (-1:
                              past the last expert's run: the program returns at once)
 
-P_max = T * k + E * (BLOCK_M - 1) bounds every routing, so the shapes depend on T alone.
+P_max = T * k + min(E, T * k) * (BLOCK_M - 1) bounds every routing, so the shapes depend on T alone.
 Then, per block of rows and tile of columns, one kernel:
 
     first GEMM    inter[row] = x[pair // k] @ w13[e]^T           (rows in sorted order)
@@ -110,7 +110,8 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     rank = (
         torch.arange(num_pairs, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
     )
-    max_rows = num_pairs + num_experts * (block_m - 1)
+    # (at most min(E, pairs) experts get any pair, each padded by under a block)
+    max_rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
     max_rows = -(-max_rows // block_m) * block_m
     sorted_pairs = torch.full((max_rows,), num_pairs, dtype=torch.int64, device=device)
     sorted_pairs[(padded_end - padded)[sorted_experts] + rank] = order
@@ -161,6 +162,8 @@ def fused_experts(
     """sum_k weights[t, k] * down(silu(gate) * up)(x[t]) by expert ids[t, k]: [T, H]."""
     tokens, top_k = ids.shape
     num_pairs = tokens * top_k
+    if not num_pairs:
+        return torch.zeros_like(x)
     num_experts, two_i, _ = w13.shape
     block_m = _config(num_pairs)["BLOCK_M"]
     sorted_pairs, block_expert = align(ids, num_experts, block_m)

@@ -85,3 +85,29 @@ def test_loading_an_expert_checks_names_and_shapes():
     with pytest.raises(ValueError, match="does not fit"):
         experts.load_expert("w2", torch.ones(H + 1, INTER), 1)
     assert "expert 0 up" in experts.missing() and "expert 0 gate" not in experts.missing()
+
+
+def test_transformers_5_stacked_expert_weights_load_as_per_expert_ones():
+    torch.manual_seed(2)
+    gate_up = torch.randn(E, 2 * INTER, H)
+    down = torch.randn(E, H, INTER)
+    stacked, single = FusedExperts(E, H, INTER), FusedExperts(E, H, INTER)
+    stacked.load_stacked("gate_up_proj", gate_up)
+    stacked.load_stacked("down_proj", down)
+    for e in range(E):
+        single.load_expert("gate_proj", gate_up[e, :INTER], e)
+        single.load_expert("up_proj", gate_up[e, INTER:], e)
+        single.load_expert("down_proj", down[e], e)
+    assert stacked.missing() == [] == single.missing()
+    torch.testing.assert_close(stacked.w13_weight, single.w13_weight)
+    torch.testing.assert_close(stacked.w2_weight, single.w2_weight)
+
+
+def test_quantized_experts_are_refused_clearly():
+    from cadence.quant.base import QuantMethod, quant_scope
+
+    class Quantized(QuantMethod):
+        name = "fp8"
+
+    with quant_scope(Quantized()), pytest.raises(NotImplementedError, match="experts quantized"):
+        FusedExperts(E, H, INTER)

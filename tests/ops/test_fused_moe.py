@@ -46,6 +46,8 @@ def check_all(device: str) -> None:
             want = ref.forward_reference(x, ids, weights)
             got = fused_moe.fused_experts(x, w13, w2, ids, weights)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    empty = fused_moe.fused_experts(x[:0], w13, w2, ids[:0], weights[:0])  # no tokens
+    assert empty.shape == (0, hidden)
 
 
 def test_fused_moe_under_the_interpreter():
