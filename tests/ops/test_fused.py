@@ -6,12 +6,9 @@ be set before triton is imported, and this process may have imported it already)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from interpreter_helpers import check_all_under_interpreter
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
@@ -123,12 +120,7 @@ def check_all(device: str) -> None:
 
 
 def test_fused_kernels_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_fused; test_fused.check_all('cpu')"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_all_under_interpreter("test_fused")
 
 
 @pytest.mark.gpu

@@ -5,12 +5,9 @@ under Triton's interpreter in a child process (TRITON_INTERPRET is read at impor
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from interpreter_helpers import check_all_under_interpreter
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -51,13 +48,7 @@ def check_all(device: str) -> None:
 
 
 def test_fused_moe_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    here = os.path.dirname(__file__)
-    code = f"import sys; sys.path.insert(0, {here!r}); import test_fused_moe; test_fused_moe.check_all('cpu')"
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_all_under_interpreter("test_fused_moe")
 
 
 @pytest.mark.gpu
