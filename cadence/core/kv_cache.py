@@ -53,8 +53,12 @@ def make_prefix_cache(kind: str, block_size: int, eviction: str = "lru") -> Pref
 
 def prefix_cache_allows_holes(kind: str, enabled: bool = True) -> bool:
     """Whether requests may release blocks behind windows and hold several KV groups with
-    this prefix cache (see PrefixCache.allows_released_prefix)."""
-    return not enabled or make_prefix_cache(kind, 1).allows_released_prefix
+    this prefix cache (see PrefixCache.allows_released_prefix): a class attribute, read
+    without building the cache."""
+    classes = {"hash": HashPrefixCache, "radix": RadixPrefixCache, "off": NoPrefixCache}
+    if kind not in classes:
+        make_prefix_cache(kind, 1)  # (raises the error that names the kinds)
+    return not enabled or classes[kind].allows_released_prefix
 
 
 @dataclass
