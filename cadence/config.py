@@ -89,6 +89,9 @@ class ParallelConfig:
     # Small all-reduces (decode steps) go through a one-shot kernel over peer-mapped
     # buffers where that measured faster than NCCL; this sends every one to NCCL.
     disable_custom_all_reduce: bool = False  # every all-reduce through NCCL / gloo
+    # Mixtures of experts under tensor parallelism: each rank holds experts / tp whole
+    # experts instead of every expert's intermediate / tp columns.
+    enable_expert_parallel: bool = False  # split MoE experts whole across the TP ranks
     # Internal: the port rank 0 listens on for torch.distributed's rendezvous (0: any).
     distributed_init_port: int = 0  # the TCP port of torch.distributed's rendezvous
     # A CPU engine's intra-op threads (None: one per core it may run on) and, in the

@@ -185,6 +185,27 @@ ZOO = {
     "olmoe": lambda: _zoo_config(
         "OlmoeConfig", "OlmoeForCausalLM", num_experts=8, num_experts_per_tok=2
     ),
+    "granite-moe": lambda: _zoo_config(
+        "GraniteMoeConfig",
+        "GraniteMoeForCausalLM",
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.2,
+        logits_scaling=2.0,
+    ),
+    "granite-moe-shared": lambda: _zoo_config(
+        "GraniteMoeSharedConfig",
+        "GraniteMoeSharedForCausalLM",
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        shared_intermediate_size=40,
+        embedding_multiplier=3.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.2,
+        logits_scaling=2.0,
+    ),
 }
 
 

@@ -11,8 +11,10 @@ read it when they run.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,25 @@ _TP = TensorParallelGroup(rank=0, size=1, device=torch.device("cpu"))
 
 def get_tp() -> TensorParallelGroup:
     return _TP
+
+
+_EXPERT_PARALLEL = [False]
+
+
+@contextlib.contextmanager
+def expert_parallel_scope(enabled: bool) -> Iterator[None]:
+    """Build the layers inside with experts split across the ranks (each rank holds
+    E / size whole experts) instead of each expert's columns (`--enable-expert-parallel`)."""
+    _EXPERT_PARALLEL.append(enabled)
+    try:
+        yield
+    finally:
+        _EXPERT_PARALLEL.pop()
+
+
+def expert_parallel() -> bool:
+    """Whether experts being built now are split whole across more than one rank."""
+    return _EXPERT_PARALLEL[-1] and _TP.size > 1
 
 
 def init_tensor_parallel(

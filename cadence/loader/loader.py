@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from cadence.attention.base import AttentionBackend
-from cadence.distributed.parallel_state import get_tp
+from cadence.distributed.parallel_state import expert_parallel_scope, get_tp
 from cadence.loader.gguf import ensure_float_weights, gguf_source
 from cadence.loader.hf_config import read_config
 from cadence.models.registry import resolve_model_class
@@ -132,16 +132,18 @@ def load_model(
     load_format: str = "auto",
     seed: int = 0,
     quantization: str = "auto",
+    expert_parallel: bool = False,
 ) -> nn.Module:
     """Build the model in the format `select_quant` picks and fill its weights: a GGUF
-    file's blocks, the folder's safetensors, or random ones for `load_format="dummy"`."""
+    file's blocks, the folder's safetensors, or random ones for `load_format="dummy"`.
+    `expert_parallel`: a mixture's experts split whole across the TP ranks."""
     cls = resolve_model_class(config)
     quant, weights = select_quant(quantization, config, path, dtype, load_format)
     t0 = time.perf_counter()
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device), quant_scope(quant):
+        with torch.device(device), quant_scope(quant), expert_parallel_scope(expert_parallel):
             model = cls(config, backend, max_position)
     finally:
         torch.set_default_dtype(prev)

@@ -5,8 +5,11 @@ routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate).
     SparseMoE        router (replicated Linear hidden -> experts), FusedExperts, shared expert
     FusedExperts     every expert's weights stacked: w13_weight [E, 2 * I, H] (gate rows,
                      then up), w2_weight [E, H, I]; under tensor parallelism each rank
-                     holds every expert's I / tp columns, as a dense MLP's, and the
-                     block's output is all-reduced
+                     holds every expert's I / tp columns, as a dense MLP's, or with
+                     `--enable-expert-parallel` E / tp whole experts (a pair routed to
+                     another rank's expert adds nothing here); either way the block's
+                     output is all-reduced. Under `--quantization fp8` the weights are
+                     e4m3 with w13_scale / w2_scale (cadence/quant/fp8_experts.py).
     route()          softmax over the experts in float32, top-k, optional renormalisation
 
 On the CPU: tokens sorted by expert, one GEMM pair per expert that received any token
@@ -25,11 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.distributed.communication import all_reduce
-from cadence.distributed.parallel_state import get_tp
+from cadence.distributed.parallel_state import expert_parallel, get_tp
 from cadence.layers.activation import SiluAndMul
 from cadence.layers.linear import divide
 from cadence.models.mlp import GatedMLP, activation_of
-from cadence.quant.base import QuantMethod, current_method
+from cadence.quant.base import current_method, shape_of
 
 
 @dataclass(frozen=True)
@@ -41,11 +44,17 @@ class MoEOptions:
     # The routing weights stay float32 into the weighted sum (Mixtral); False: cast to the
     # activations' dtype first (Qwen, OLMoE).
     float32_weights: bool = False
-    shared_intermediate_size: int = 0  # a shared expert's (0: none), behind a sigmoid gate
+    shared_intermediate_size: int = 0  # a shared expert's (0: none)
+    shared_gate: bool = True  # the shared expert's output behind a sigmoid gate (Qwen2-MoE)
 
 
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] float32, expert ids [T, k]) from router logits [T, E]."""
+    """(weights [T, k] float32, expert ids [T, k]) from router logits [T, E]. On CUDA one
+    Triton kernel (cadence/ops/moe_routing.py) instead of softmax, top-k and the sum."""
+    if logits.is_cuda:
+        from cadence.ops import moe_routing
+
+        return moe_routing.topk_softmax(logits, top_k, renormalize)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -66,34 +75,39 @@ class FusedExperts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
-        method = current_method()
-        if method.name != QuantMethod.name:
-            raise NotImplementedError(
-                f"experts quantized as {method.describe()} are not supported yet "
-                "(mixtures of experts run in the model's dtype for now)"
-            )
+        self.quant_method = current_method().experts()  # raises for formats without experts
         tp = get_tp()
-        self.num_experts = num_experts
-        self.local = divide(intermediate, tp.size, "moe_intermediate_size")  # columns a rank holds
-        self.start = tp.rank * self.local
-        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.local, hidden))
-        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden, self.local))
+        self.num_experts = num_experts  # the model's, every rank's together
+        if expert_parallel():  # whole experts per rank
+            self.num_local = divide(num_experts, tp.size, "the number of experts")
+            self.first_expert = tp.rank * self.num_local
+            self.local, self.start = intermediate, 0
+        else:  # every expert, I / tp of its columns per rank
+            self.num_local, self.first_expert = num_experts, 0
+            self.local = divide(intermediate, tp.size, "moe_intermediate_size")
+            self.start = tp.rank * self.local
+        self.w13_weight = nn.Parameter(torch.empty(self.num_local, 2 * self.local, hidden))
+        self.w2_weight = nn.Parameter(torch.empty(self.num_local, hidden, self.local))
+        self.w13_scale = self.w2_scale = None  # float32 [E, rows], quantized formats only
         self.act = SiluAndMul()
         self._loaded: set[tuple[str, int | None, int]] = set()  # (weight, half, expert)
 
     def load_expert(self, piece: str, source, expert: int) -> None:
         """Expert `expert`'s checkpoint weight `piece` (a tensor or safetensors slice of the
-        whole expert), this rank's columns of it."""
+        whole expert), this rank's columns of it; another rank's expert is skipped."""
         if piece not in self.PIECES or not 0 <= expert < self.num_experts:
             raise ValueError(f"unexpected expert weight {piece!r} of expert {expert}")
+        local = expert - self.first_expert
+        if not 0 <= local < self.num_local:
+            return
         name, half = self.PIECES[piece]
         lo, hi = self.start, self.start + self.local
         if half is None:
             rows = source[:, lo:hi]
-            target = self.w2_weight.data[expert]
+            target = self.w2_weight.data[local]
         else:
             rows = source[lo:hi]
-            target = self.w13_weight.data[expert, half * self.local : (half + 1) * self.local]
+            target = self.w13_weight.data[local, half * self.local : (half + 1) * self.local]
         if tuple(rows.shape) != tuple(target.shape):
             raise ValueError(
                 f"expert {expert} {piece}: checkpoint shape {tuple(rows.shape)} does not fit "
@@ -104,8 +118,9 @@ class FusedExperts(nn.Module):
 
     def load_stacked(self, piece: str, source) -> None:
         """transformers 5's own layout: every expert in one tensor, `gate_up_proj`
-        [E, 2I, H] (gate rows, then up) or `down_proj` [E, H, I]."""
-        shape = tuple(source.shape)
+        [E, 2I, H] (gate rows, then up) or `down_proj` [E, H, I] (a tensor or a
+        safetensors slice: one expert is read at a time)."""
+        shape = shape_of(source)
         for expert in range(self.num_experts):
             if piece == "gate_up_proj" and len(shape) == 3 and shape[1] % 2 == 0:
                 whole = shape[1] // 2
@@ -117,11 +132,12 @@ class FusedExperts(nn.Module):
                 raise ValueError(f"unexpected stacked expert weight {piece!r} of shape {shape}")
 
     def missing(self) -> list[str]:
-        """Expert weights the checkpoint did not give (after loading)."""
+        """This rank's expert weights the checkpoint did not give (after loading)."""
         parts = {("w13", 0): "gate", ("w13", 1): "up", ("w2", None): "down"}
+        mine = range(self.first_expert, self.first_expert + self.num_local)
         return [
             f"expert {e} {what}"
-            for e in range(self.num_experts)
+            for e in mine
             for (name, half), what in parts.items()
             if (name, half, e) not in self._loaded
         ]
@@ -133,29 +149,49 @@ class FusedExperts(nn.Module):
         if x.is_cuda:
             from cadence.ops import fused_moe
 
-            return fused_moe.fused_experts(x, self.w13_weight, self.w2_weight, ids, weights)
+            return fused_moe.fused_experts(
+                x,
+                self.w13_weight,
+                self.w2_weight,
+                ids,
+                weights,
+                self.w13_scale,
+                self.w2_scale,
+                self.first_expert,
+                all_local=self.num_local == self.num_experts,
+            )
         return self.forward_reference(x, ids, weights)
+
+    def _expert_weights(self, local: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert `local`'s (w13, w2) in `dtype` (a quantized expert widened and scaled)."""
+        w13, w2 = self.w13_weight[local], self.w2_weight[local]
+        if self.w13_scale is not None:
+            w13 = w13.float() * self.w13_scale[local, :, None]
+            w2 = w2.float() * self.w2_scale[local, :, None]
+        return w13.to(dtype), w2.to(dtype)
 
     def forward_reference(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """forward() in torch: tokens sorted by expert, a GEMM pair per expert that got any
-        (the number of tokens each expert got is read on the host)."""
+        """forward() in torch: tokens sorted by expert, a GEMM pair per expert of this rank
+        that got any (the number of tokens each expert got is read on the host)."""
         top_k = ids.shape[1]
-        flat = ids.flatten()
+        flat = ids.flatten().long() - self.first_expert
+        flat = torch.where((flat >= 0) & (flat < self.num_local), flat, self.num_local)
         order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
-        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        counts = torch.bincount(flat, minlength=self.num_local + 1).tolist()
         flat_weights = weights.flatten()
         out = torch.zeros_like(x)
         start = 0
-        for expert, n in enumerate(counts):
+        for expert, n in enumerate(counts[: self.num_local]):  # (the last: other ranks')
             if not n:
                 continue
             pairs = order[start : start + n]
             start += n
             tokens = pairs // top_k
-            h = self.act(F.linear(x[tokens], self.w13_weight[expert]))
-            h = F.linear(h, self.w2_weight[expert]) * flat_weights[pairs, None]
+            w13, w2 = self._expert_weights(expert, x.dtype)
+            h = self.act(F.linear(x[tokens], w13))
+            h = F.linear(h, w2) * flat_weights[pairs, None]
             out.index_add_(0, tokens, h.to(out.dtype))
         return out
 
@@ -180,7 +216,8 @@ class SparseMoE(nn.Module):
                 hidden_act="silu",
             )
             self.shared_expert = GatedMLP(shared)
-            self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+            if options.shared_gate:
+                self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opts = self.options
@@ -190,5 +227,7 @@ class SparseMoE(nn.Module):
         out = all_reduce(self.experts(x, ids, weights))
         if self.shared_expert is not None:
             shared = self.shared_expert(self.shared_expert.gate_up_proj(x))
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * shared
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
         return out

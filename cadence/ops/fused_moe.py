@@ -1,22 +1,20 @@
 """A mixture of experts' expert MLPs as two grouped GEMMs in Triton, with no host sync (so a
 decode step's forward can be captured in a CUDA graph).
 
-The step's (token, slot) pairs, T * k of them, are sorted by expert on the device and each
-expert's run is padded to a multiple of BLOCK_M rows (`align`):
+The step's (token, slot) pairs are sorted by expert and each expert's run padded to a
+multiple of BLOCK_M rows (moe_routing.align). Then, per block of rows and tile of columns:
 
-    sorted_pairs   [P_max]   pair index at each padded row (T * k where padding)
-    block_expert   [P_max / BLOCK_M]   the expert whose rows a block of BLOCK_M holds (-1:
-                             past the last expert's run: the program returns at once)
-
-P_max = T * k + min(E, T * k) * (BLOCK_M - 1) bounds every routing, so the shapes depend on T alone.
-Then, per block of rows and tile of columns, one kernel:
-
-    first GEMM    inter[row] = x[pair // k] @ w13[e]^T           (rows in sorted order)
-    (SiLU-and-mul on inter: fused.silu_and_mul)
-    second GEMM   out[pair]  = weight[pair] * act[row] @ w2[e]^T  (rows back in pair order)
+    gated GEMM   act[row] = silu(x[pair // k] @ gate[e]^T) * (x[pair // k] @ up[e]^T)
+                 (rows in sorted order; gate and up tiles side by side, one pass over x)
+    down GEMM    out[pair] = weight[pair] * act[row] @ w2[e]^T   (rows back in pair order)
 
 and out [T, k, H] summed over k. An expert that receives no token has no block: its
 weights are never read, so at batch 1 a step reads only the chosen experts' weights.
+
+FP8 experts (`--quantization fp8`) keep e4m3 weights with a float32 scale per output
+channel and expert; the tiles are widened to the activations' dtype in registers (W8A16:
+the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end.
+Tile sizes come from moe_tiles (the H200 sweep's table).
 """
 
 from __future__ import annotations
@@ -25,33 +23,39 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.ops import fused
+from cadence.ops import moe_routing, moe_tiles
+from cadence.ops.fused import gdc_wait, pdl
 
 
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr,  # [rows of A, K]
-    w_ptr,  # [E, N, K]
+    w_ptr,  # [E, N (or 2N: gate rows, then up), K]
+    scale_ptr,  # [E, rows of w] float32 (W_SCALE only)
     out_ptr,  # [rows of out, N]
     sorted_pairs_ptr,  # [P_max] int64
     block_expert_ptr,  # [P_max / BLOCK_M] int64
-    weights_ptr,  # [T * k] routing weights (SCALE only)
+    weights_ptr,  # [T * k] routing weights (ROUTE_SCALE only)
     num_pairs,  # T * k: a sorted row naming it is padding
-    N,
+    N,  # output columns (gated: the intermediate size)
     K,
     stride_a,
     stride_we,
     stride_wn,
+    stride_se,
     stride_out,
-    TOP_K: tl.constexpr,
-    A_BY_TOKEN: tl.constexpr,  # A's row is the pair's token (first GEMM), else the sorted row
-    OUT_BY_PAIR: tl.constexpr,  # out's row is the pair (second GEMM), else the sorted row
-    SCALE: tl.constexpr,  # multiply each row by its pair's routing weight
+    top_k,  # pairs a token has
+    GATED: tl.constexpr,  # first GEMM: silu(gate) * up of rows n and N + n
+    ROUTE_SCALE: tl.constexpr,  # second GEMM: scale rows by their routing weight, store by pair
+    W_SCALE: tl.constexpr,  # FP8 weights: widen each tile, scale each column at the end
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 (no TF32: exact against torch)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:
+        gdc_wait()
     block = tl.program_id(0)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
@@ -59,34 +63,43 @@ def _grouped_gemm_kernel(
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + rows)
     real = pairs < num_pairs
-    if A_BY_TOKEN:
-        a_rows = pairs // TOP_K
-    else:
-        a_rows = rows
+    a_rows = pairs // top_k if GATED else rows  # gated: x by token; down: act by row
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
+    a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a
+    w_tile = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]
+    up_offset = N * stride_wn  # (gated: the up rows sit N rows below the gate rows)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    w_base = w_ptr + expert * stride_we
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k_ok = k0 + ks < K
-        a = tl.load(
-            a_ptr + a_rows[:, None].to(tl.int64) * stride_a + (k0 + ks)[None, :],
-            mask=real[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        w = tl.load(
-            w_base + cols[None, :].to(tl.int64) * stride_wn + (k0 + ks)[:, None],
-            mask=col_ok[None, :] & k_ok[:, None],
-            other=0.0,
-        )
+        a = tl.load(a_base + (k0 + ks)[None, :], mask=real[:, None] & k_ok[None, :], other=0.0)
+        w_mask = col_ok[None, :] & k_ok[:, None]
+        w = tl.load(w_tile + k0, mask=w_mask, other=0.0)
+        if W_SCALE:
+            w = w.to(a.dtype)
         acc += tl.dot(a, w, input_precision=DOT_PRECISION)
-    if SCALE:
-        acc *= tl.load(weights_ptr + pairs, mask=real, other=0.0).to(tl.float32)[:, None]
-    if OUT_BY_PAIR:
-        out_rows = pairs
-    else:
+        if GATED:
+            w_up = tl.load(w_tile + up_offset + k0, mask=w_mask, other=0.0)
+            if W_SCALE:
+                w_up = w_up.to(a.dtype)
+            acc_up += tl.dot(a, w_up, input_precision=DOT_PRECISION)
+    if W_SCALE:
+        scales = scale_ptr + expert * stride_se + cols
+        acc *= tl.load(scales, mask=col_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up *= tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
+    if GATED:
+        # rounded to the activations' dtype first, as the projection's output would be
+        dtype = out_ptr.dtype.element_ty
+        gate = acc.to(dtype).to(tl.float32)
+        acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
         out_rows = rows
+    else:
+        out_rows = pairs
+    if ROUTE_SCALE:
+        acc *= tl.load(weights_ptr + pairs, mask=real, other=0.0).to(tl.float32)[:, None]
     tl.store(
         out_ptr + out_rows[:, None].to(tl.int64) * stride_out + cols[None, :],
         acc.to(out_ptr.dtype.element_ty),
@@ -94,61 +107,38 @@ def _grouped_gemm_kernel(
     )
 
 
-def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sorted_pairs [P_max], block_expert [P_max / block_m]) for expert ids [T, k], on the
-    device, in ops of static shape (no host sync)."""
-    flat = ids.flatten()
-    num_pairs = flat.numel()
-    device = flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    order = torch.argsort(flat, stable=True)  # pairs grouped by expert
-    sorted_experts = flat[order]
-    # a pair's rank within its expert: its sorted index less the experts before it
-    rank = (
-        torch.arange(num_pairs, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
-    )
-    # (at most min(E, pairs) experts get any pair, each padded by under a block)
-    max_rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    max_rows = -(-max_rows // block_m) * block_m
-    sorted_pairs = torch.full((max_rows,), num_pairs, dtype=torch.int64, device=device)
-    sorted_pairs[(padded_end - padded)[sorted_experts] + rank] = order
-    starts = torch.arange(0, max_rows, block_m, device=device)
-    block_expert = torch.searchsorted(padded_end, starts, right=True)
-    block_expert = torch.where(block_expert < num_experts, block_expert, -1)
-    return sorted_pairs, block_expert
-
-
-def _config(num_pairs: int) -> dict:
-    """Tile sizes: small row blocks where few pairs reach each expert (decode)."""
-    block_m = 16 if num_pairs <= 512 else 64
-    return dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, num_warps=4)
-
-
-def _launch(a, w, out, sorted_pairs, block_expert, weights, num_pairs, top_k, **flags):
-    cfg = _config(num_pairs)
-    n, k = w.shape[1], w.shape[2]
-    grid = (block_expert.numel(), triton.cdiv(n, cfg["BLOCK_N"]))
+def launch_gemm(
+    a, w, scale, out, sorted_pairs, block_expert, weights, num_pairs, top_k, tile, **flags
+):
+    """One grouped GEMM over the aligned rows (`flags`: GATED, ROUTE_SCALE) with `tile`
+    (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). benchmarks/moe_tile_sweep.py
+    times it tile by tile."""
+    n = out.shape[1]
+    grid = (block_expert.numel(), triton.cdiv(n, tile["BLOCK_N"]))
+    use_pdl = pdl(a.device)
     _grouped_gemm_kernel[grid](
         a,
         w,
+        scale if scale is not None else w,
         out,
         sorted_pairs,
         block_expert,
         weights,
         num_pairs,
         n,
-        k,
+        w.shape[2],
         a.stride(0),
         w.stride(0),
         w.stride(1),
+        scale.stride(0) if scale is not None else 0,
         out.stride(0),
-        TOP_K=top_k,
+        top_k,
+        W_SCALE=scale is not None,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        PDL=use_pdl,
+        launch_pdl=use_pdl,
         **flags,
-        **cfg,
+        **tile,
     )
 
 
@@ -156,23 +146,32 @@ def fused_experts(
     x: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2I, H]: gate rows, then up
     w2: torch.Tensor,  # [E, H, I]
-    ids: torch.Tensor,  # [T, k] expert ids
+    ids: torch.Tensor,  # [T, k] expert ids (global; this rank's are first_expert + [0, E))
     weights: torch.Tensor,  # [T, k] routing weights
+    w13_scale: torch.Tensor | None = None,  # [E, 2I] float32, FP8 weights only
+    w2_scale: torch.Tensor | None = None,  # [E, H] float32, FP8 weights only
+    first_expert: int = 0,
+    all_local: bool = True,  # every id names one of this rank's experts
 ) -> torch.Tensor:
-    """sum_k weights[t, k] * down(silu(gate) * up)(x[t]) by expert ids[t, k]: [T, H]."""
+    """sum_k weights[t, k] * down(silu(gate) * up)(x[t]) over the experts ids[t, k] this
+    rank holds: [T, H] in x's dtype."""
     tokens, top_k = ids.shape
     num_pairs = tokens * top_k
+    num_experts, two_i, hidden = w13.shape
     if not num_pairs:
         return torch.zeros_like(x)
-    num_experts, two_i, _ = w13.shape
-    block_m = _config(num_pairs)["BLOCK_M"]
-    sorted_pairs, block_expert = align(ids, num_experts, block_m)
+    shape = (num_experts, hidden, two_i // 2)
+    cfg = moe_tiles.config(x.device, w13.dtype, shape, tokens, top_k)
+    sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
     x = x.contiguous()
-    inter = torch.empty((sorted_pairs.numel(), two_i), dtype=x.dtype, device=x.device)
+    act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)
     flat_weights = weights.flatten().contiguous()
     common = (sorted_pairs, block_expert, flat_weights, num_pairs, top_k)
-    _launch(x, w13, inter, *common, A_BY_TOKEN=True, OUT_BY_PAIR=False, SCALE=False)
-    act = fused.silu_and_mul(inter)  # (padding rows: whatever they held, never read back)
-    out = torch.empty((num_pairs, w2.shape[1]), dtype=x.dtype, device=x.device)
-    _launch(act, w2, out, *common, A_BY_TOKEN=False, OUT_BY_PAIR=True, SCALE=True)
-    return out.view(tokens, top_k, -1).sum(dim=1)
+    tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["gated"])
+    launch_gemm(x, w13, w13_scale, act, *common, tile, GATED=True, ROUTE_SCALE=False)
+    # pairs routed to another rank's experts get no row: their outputs must read zero
+    alloc = torch.empty if all_local else torch.zeros
+    out = alloc((num_pairs, hidden), dtype=x.dtype, device=x.device)
+    tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["down"])
+    launch_gemm(act, w2, w2_scale, out, *common, tile, GATED=False, ROUTE_SCALE=True)
+    return out.view(tokens, top_k, hidden).sum(dim=1)

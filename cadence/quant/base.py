@@ -116,14 +116,29 @@ class EmbeddingMethod:
         return hidden @ layer.weight.t()
 
 
+class ExpertsMethod:
+    """A mixture of experts' stacked weights (cadence/models/moe.py: w13_weight [E, 2I, H],
+    w2_weight [E, H, I]), kept in the model's dtype. A format that stores experts otherwise
+    overrides `finish`, which runs once every expert is loaded and sets the layer's
+    w13_scale / w2_scale (float32, one per expert and output row) when it quantized them."""
+
+    name = "none"
+
+    def finish(self, layer: nn.Module) -> None:
+        layer.w13_scale = layer.w2_scale = None
+
+
 class QuantMethod:
-    """A format: which LinearMethod and EmbeddingMethod each layer gets. This base is the
-    unquantized model."""
+    """A format: which LinearMethod, EmbeddingMethod and ExpertsMethod each layer gets. This
+    base is the unquantized model."""
 
     name = "none"
 
     def linear(self) -> LinearMethod:
         return LinearMethod()
+
+    def experts(self) -> ExpertsMethod:
+        return ExpertsMethod()
 
     def embedding(self) -> EmbeddingMethod:
         return EmbeddingMethod()

@@ -34,7 +34,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.quant import fp8_kernels as fk
-from cadence.quant.base import LinearMethod, QuantMethod, dtype_of, read, shape_of
+from cadence.quant.base import (
+    ExpertsMethod,
+    LinearMethod,
+    QuantMethod,
+    dtype_of,
+    read,
+    shape_of,
+)
+from cadence.quant.fp8_experts import Fp8ExpertsMethod
 
 # Which kernel a product takes, by rows M of activations (CUDA). Measured on an H200 at
 # Llama-3.1-8B's shapes (benchmarks/fp8_gemm_sweep.py, benchmarks/RESULTS.md):
@@ -175,6 +183,14 @@ class Fp8Quant(QuantMethod):
 
     def linear(self) -> LinearMethod:
         return Fp8LinearMethod(self.scheme)
+
+    def experts(self) -> ExpertsMethod:
+        if self.scheme.serialized:
+            raise NotImplementedError(
+                "FP8 checkpoints of mixtures of experts are not supported yet: serve the "
+                "16-bit checkpoint with --quantization fp8 (experts quantized at load)"
+            )
+        return Fp8ExpertsMethod()
 
     def describe(self) -> str:
         return self.scheme.describe()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cadence.quant.base import EmbeddingMethod, LinearMethod, QuantMethod, read
+from cadence.quant.base import EmbeddingMethod, ExpertsMethod, LinearMethod, QuantMethod, read
 from cadence.quant.gguf_blocks import Codes, decode, to_planes
 
 logger = logging.getLogger(__name__)
@@ -205,3 +205,8 @@ class GgufQuant(QuantMethod):
 
     def embedding(self) -> EmbeddingMethod:
         return GgufEmbeddingMethod()
+
+    def experts(self) -> ExpertsMethod:
+        raise NotImplementedError(
+            "GGUF mixtures of experts are not supported yet: serve the safetensors checkpoint"
+        )

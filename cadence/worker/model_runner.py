@@ -102,6 +102,7 @@ class ModelRunner:
             mc.load_format,
             mc.seed,
             mc.quantization,
+            config.parallel.enable_expert_parallel,
         )
         if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
             enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)

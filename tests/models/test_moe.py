@@ -103,11 +103,36 @@ def test_transformers_5_stacked_expert_weights_load_as_per_expert_ones():
     torch.testing.assert_close(stacked.w2_weight, single.w2_weight)
 
 
-def test_quantized_experts_are_refused_clearly():
-    from cadence.quant.base import QuantMethod, quant_scope
+def test_experts_a_format_cannot_hold_are_refused_clearly():
+    from cadence.quant.base import quant_scope
+    from cadence.quant.fp8 import Fp8Quant, Fp8Scheme
+    from cadence.quant.gguf import GgufQuant
 
-    class Quantized(QuantMethod):
-        name = "fp8"
-
-    with quant_scope(Quantized()), pytest.raises(NotImplementedError, match="experts quantized"):
+    with quant_scope(GgufQuant()), pytest.raises(NotImplementedError, match="GGUF mixtures"):
         FusedExperts(E, H, INTER)
+    serialized = Fp8Quant(Fp8Scheme(serialized=True))
+    with quant_scope(serialized), pytest.raises(NotImplementedError, match="FP8 checkpoints"):
+        FusedExperts(E, H, INTER)
+
+
+def test_fp8_experts_are_e4m3_per_row_and_track_the_16bit_ones():
+    """`--quantization fp8`: once loaded, every expert's rows are e4m3 with a float32
+    scale each, and the block's output moves by FP8 rounding only."""
+    from cadence.quant.base import finish_loading, quant_scope
+    from cadence.quant.fp8 import Fp8Quant
+
+    plain = random_experts()
+    with quant_scope(Fp8Quant()):
+        fp8 = FusedExperts(E, H, INTER)
+    fp8.load_state_dict(plain.state_dict())
+    finish_loading(fp8)
+    assert (
+        fp8.w13_weight.dtype == torch.float8_e4m3fn and fp8.w2_weight.dtype == torch.float8_e4m3fn
+    )
+    assert fp8.w13_scale.shape == (E, 2 * INTER) and fp8.w2_scale.shape == (E, H)
+    x = torch.randn(9, H)
+    weights, ids = route(torch.randn(9, E), 2, True)
+    want = plain(x, ids, weights)
+    got = fp8(x, ids, weights)
+    assert (got - want).abs().max() < 0.08 * want.abs().max()  # e4m3: 3 mantissa bits
+    assert not torch.equal(got, want)

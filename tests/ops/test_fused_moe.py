@@ -1,7 +1,9 @@
-"""The Triton mixture-of-experts kernels (cadence/ops/fused_moe.py) equal the per-expert
-torch path (cadence/models/moe.py): random routings with experts that get no token and
-experts that get many, one token (a decode) to many, float32 and bf16. On a CPU they run
-under Triton's interpreter in a child process (TRITON_INTERPRET is read at import)."""
+"""The Triton mixture-of-experts kernels (cadence/ops/fused_moe.py, moe_routing.py) equal
+the per-expert torch path (cadence/models/moe.py): random routings with experts that get
+no token and experts that get many, one token (a decode) to many, float32 and 16-bit,
+FP8 experts, and a rank that holds only some of the experts (expert parallelism). On a CPU
+they run under Triton's interpreter in a child process (TRITON_INTERPRET is read at
+import)."""
 
 from __future__ import annotations
 
@@ -12,21 +14,43 @@ from interpreter_helpers import check_all_under_interpreter
 pytest.importorskip("triton", reason="triton is not installed")
 
 
+def check_routing(device: str) -> None:
+    from cadence.models.moe import route
+    from cadence.ops import moe_routing
+
+    # topk_softmax: torch's softmax, top-k and renormalisation, in one kernel
+    logits = torch.randn(37, 10, device=device)
+    for renormalize in (False, True):
+        want_w, want_ids = route(logits.cpu(), 3, renormalize)
+        got_w, got_ids = moe_routing.topk_softmax(logits, 3, renormalize)
+        assert got_ids.tolist() == want_ids.tolist()
+        torch.testing.assert_close(got_w.cpu(), want_w, atol=1e-6, rtol=1e-5)
+    # align: every pair once, each expert's run padded to the row block, blocks labelled
+    ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
+    sorted_pairs, block_expert = moe_routing.align(ids, 8, 4)
+    rows = sorted_pairs.tolist()
+    assert sorted(p for p in rows if p < 6) == list(range(6))
+    assert block_expert.tolist()[:3] == [0, 1, 3] and set(block_expert.tolist()[3:]) == {-1}
+    for block, expert in enumerate(block_expert.tolist()[:3]):
+        pairs = [p for p in rows[block * 4 : block * 4 + 4] if p < 6]
+        assert pairs and all(ids.flatten()[p] == expert for p in pairs)
+    # a rank holding experts 2 and 3 only: pairs routed elsewhere get no row
+    sorted_pairs, block_expert = moe_routing.align(ids, 2, 4, first_expert=2)
+    assert sorted(p for p in sorted_pairs.tolist() if p < 6) == [0, 2, 5]
+    assert block_expert.tolist()[0] == 1 and set(block_expert.tolist()[1:]) == {-1}
+
+
 def check_all(device: str) -> None:
     from cadence.models.moe import FusedExperts, route
     from cadence.ops import fused_moe
+    from cadence.quant.fp8_experts import quantize_experts
 
     torch.manual_seed(0)
+    check_routing(device)
     hidden, inter, num_experts = 48, 40, 8  # widths that are not tile multiples
     experts = FusedExperts(num_experts, hidden, inter).to(device)
     experts.w13_weight.data.normal_(std=0.2)
     experts.w2_weight.data.normal_(std=0.2)
-    # The alignment: every pair once, each expert's run padded to the row block.
-    ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
-    sorted_pairs, block_expert = fused_moe.align(ids, num_experts, 4)
-    real = sorted_pairs[sorted_pairs < 6].tolist()
-    assert sorted(real) == list(range(6))
-    assert block_expert.tolist()[:3] == [0, 1, 3] and set(block_expert.tolist()[3:]) == {-1}
     cases = [(torch.float32, 1e-4), (torch.float16, 1e-2)]
     if device == "cuda":  # (the interpreter's tl.dot has no bf16)
         cases.append((torch.bfloat16, 3e-2))
@@ -36,12 +60,28 @@ def check_all(device: str) -> None:
             logits = torch.randn(tokens, num_experts, device=device)
             logits[:, 5:] -= 100.0  # experts 5-7 never chosen
             weights, ids = route(logits, top_k, renormalize=True)
-            w13, w2 = experts.w13_weight.to(dtype), experts.w2_weight.to(dtype)
             ref = FusedExperts(num_experts, hidden, inter).to(device, dtype)
-            ref.w13_weight.data.copy_(w13)
-            ref.w2_weight.data.copy_(w2)
+            ref.w13_weight.data.copy_(experts.w13_weight)
+            ref.w2_weight.data.copy_(experts.w2_weight)
             want = ref.forward_reference(x, ids, weights)
+            w13, w2 = ref.w13_weight, ref.w2_weight
             got = fused_moe.fused_experts(x, w13, w2, ids, weights)
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            # experts 4-7 on this rank, 0-3 on another: only the pairs routed here add
+            ep = FusedExperts(num_experts, hidden, inter).to(device, dtype)
+            ep.num_local, ep.first_expert = 4, 4
+            ep.w13_weight.data, ep.w2_weight.data = w13[4:].clone(), w2[4:].clone()
+            got = fused_moe.fused_experts(x, w13[4:], w2[4:], ids, weights, None, None, 4, False)
+            torch.testing.assert_close(
+                got, ep.forward_reference(x, ids, weights), atol=tol, rtol=tol
+            )
+            # FP8 experts: the same e4m3 weights and scales on both paths
+            q13, s13 = quantize_experts(w13)
+            q2, s2 = quantize_experts(w2)
+            ref.w13_weight.data, ref.w2_weight.data = q13, q2
+            ref.w13_scale, ref.w2_scale = s13, s2
+            want = ref.forward_reference(x, ids, weights)
+            got = fused_moe.fused_experts(x, q13, q2, ids, weights, s13, s2)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
     empty = fused_moe.fused_experts(x[:0], w13, w2, ids[:0], weights[:0])  # no tokens
     assert empty.shape == (0, hidden)

@@ -179,17 +179,21 @@ def test_compressed_tensors_checkpoint_follows_the_model_it_represents(
         assert abs(lp - float(want[tok])) < 0.15
 
 
-def test_quantizing_a_16bit_model_at_load_tracks_it(tiny_model_dir):
+@pytest.mark.parametrize("kind", ["llama", "qwen3-moe"])
+def test_quantizing_a_16bit_model_at_load_tracks_it(tiny_model_dir, kind):
     """`--quantization fp8` on a float checkpoint: the logprobs of the plain model's top
     tokens move by FP8 rounding only. (The tiny random model's top tokens are ~0.05 apart,
-    so its greedy path may differ; the real model's agreement is in benchmarks/.)"""
-    path = tiny_model_dir("llama")
+    so its greedy path may differ; the real model's agreement is in benchmarks/.) A
+    mixture's experts are e4m3 too."""
+    path = tiny_model_dir(kind)
     prompts = make_prompts(512, [9, 30, 17], seed=5)
     params = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
     plain = LLM(path, dtype="float32", skip_tokenizer_init=True, num_gpu_blocks_override=64)
     fp8 = LLM(path, dtype="float32", quantization="fp8", skip_tokenizer_init=True,
               num_gpu_blocks_override=64)  # fmt: skip
-    assert fp8.engine.runner.driver.model.layers[0].mlp.gate_up_proj.weight.dtype == F8
+    mlp = fp8.engine.runner.driver.model.layers[0].mlp
+    weight = mlp.experts.w13_weight if kind == "qwen3-moe" else mlp.gate_up_proj.weight
+    assert weight.dtype == F8
     a = plain.generate(prompts, params, use_tqdm=False)
     b = fp8.generate(prompts, params, use_tqdm=False)
     plain_again = LLM(path, dtype="float32", quantization="fp8", skip_tokenizer_init=True,

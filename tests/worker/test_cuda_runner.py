@@ -64,6 +64,9 @@ ZOO_ON_TRITON = [
     "cohere2",
     "mixtral",  # mixtures of experts: the Triton grouped GEMMs inside the graphs
     "qwen2-moe",
+    "qwen3-moe",
+    "olmoe",
+    "granite-moe-shared",
 ]
 
 

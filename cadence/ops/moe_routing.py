@@ -1,0 +1,195 @@
+"""A mixture of experts' routing on the GPU, one launch each, with no host sync (so a decode
+step's forward can be captured in a CUDA graph):
+
+    topk_softmax(logits, k, renormalize)   router logits [T, E] -> (weights [T, k] float32,
+                                           expert ids [T, k] int32): softmax in float32,
+                                           the k largest, optionally rescaled to sum to 1
+    align(ids, experts, block_m, first)    the (token, slot) pairs sorted by expert, each
+                                           expert's run padded to a multiple of block_m rows:
+
+        sorted_pairs   [P_max]             pair index t * k + j at each padded row
+                                           (T * k where the row is padding)
+        block_expert   [P_max / block_m]   the (local) expert whose rows a block holds;
+                                           -1 past the last run (its programs return at once)
+
+P_max = T * k + min(E, T * k) * (block_m - 1) bounds every routing, so shapes depend on T
+alone. Under expert parallelism a rank holds experts [first, first + E): pairs routed
+elsewhere get no row. Within an expert's run the pairs' order follows atomic arrivals; a
+row's product does not depend on its neighbours, so the results do not either.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from cadence.ops.fused import gdc_wait, pdl
+
+
+@triton.jit
+def _topk_softmax_kernel(
+    logits_ptr,  # [T, E]
+    weights_ptr,  # [T, TOP_K] float32
+    ids_ptr,  # [T, TOP_K] int32
+    num_tokens,
+    num_experts,
+    stride_logits,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    experts = tl.arange(0, E_PAD)
+    token_ok = tokens < num_tokens
+    x = tl.load(
+        logits_ptr + tokens[:, None].to(tl.int64) * stride_logits + experts[None, :],
+        mask=token_ok[:, None] & (experts < num_experts)[None, :],
+        other=-float("inf"),
+    ).to(tl.float32)
+    x = tl.where(token_ok[:, None], x, 0.0)  # (rows past T: finite, never stored)
+    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    slots = tl.arange(0, K_PAD)
+    top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
+    top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):  # the j-th largest, then masked out
+        best = tl.max(p, axis=1)
+        which = tl.argmax(p, axis=1).to(tl.int32)
+        top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
+        top_i = tl.where(slots[None, :] == j, which[:, None], top_i)
+        p = tl.where(experts[None, :] == which[:, None], -1.0, p)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
+    out = tokens[:, None] * TOP_K + slots[None, :]
+    ok = token_ok[:, None] & (slots < TOP_K)[None, :]
+    tl.store(weights_ptr + out, top_w, mask=ok)
+    tl.store(ids_ptr + out, top_i, mask=ok)
+
+
+def topk_softmax(
+    logits: torch.Tensor, top_k: int, renormalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E]."""
+    tokens, num_experts = logits.shape
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
+    if tokens:
+        e_pad = triton.next_power_of_2(num_experts)
+        block_t = max(1, min(16, 4096 // e_pad))
+        _topk_softmax_kernel[(triton.cdiv(tokens, block_t),)](
+            logits,
+            weights,
+            ids,
+            tokens,
+            num_experts,
+            logits.stride(0),
+            TOP_K=top_k,
+            K_PAD=triton.next_power_of_2(top_k),
+            RENORMALIZE=renormalize,
+            E_PAD=e_pad,
+            BLOCK_T=block_t,
+            PDL=pdl(logits.device),
+            num_warps=4,
+            launch_pdl=pdl(logits.device),
+        )
+    return weights, ids
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr,  # [T * k] global expert ids
+    sorted_pairs_ptr,  # [max_rows] int64
+    block_expert_ptr,  # [max_rows / BLOCK_M] int64
+    cursor_ptr,  # [E] int32 scratch: counts, then each run's next free row
+    num_pairs,
+    num_experts,  # this rank's
+    first_expert,  # the global id of this rank's expert 0
+    max_rows,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    CHUNK: tl.constexpr,  # pairs (and padded rows) a pass handles at once
+    BLOCKS: tl.constexpr,  # row blocks a pass labels at once
+    PDL: tl.constexpr,
+):
+    # One program: the passes below hand their results on through `cursor`, and a barrier
+    # makes one pass's global writes visible to every thread of the next.
+    if PDL:
+        gdc_wait()
+    experts = tl.arange(0, E_PAD)
+    expert_ok = experts < num_experts
+    tl.store(cursor_ptr + experts, tl.zeros((E_PAD,), dtype=tl.int32), mask=expert_ok)
+    tl.debug_barrier()
+    for p0 in range(0, num_pairs, CHUNK):  # pairs per expert
+        pairs = p0 + tl.arange(0, CHUNK)
+        local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
+        mine = (pairs < num_pairs) & (local >= 0) & (local < num_experts)
+        tl.atomic_add(cursor_ptr + local, 1, mask=mine)
+    tl.debug_barrier()
+    counts = tl.load(cursor_ptr + experts, mask=expert_ok, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.debug_barrier()  # every thread has read the counts before they become cursors
+    tl.store(cursor_ptr + experts, ends - padded, mask=expert_ok)
+    ends = tl.where(expert_ok, ends, max_rows + BLOCK_M)  # (lanes past E never match)
+    for b0 in range(
+        0, max_rows // BLOCK_M, BLOCKS
+    ):  # a block's expert: runs ending at or before it
+        blocks = b0 + tl.arange(0, BLOCKS)
+        owner = tl.sum((ends[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(owner < num_experts, owner, -1)
+        tl.store(block_expert_ptr + blocks, owner.to(tl.int64), mask=blocks < max_rows // BLOCK_M)
+    for r0 in range(0, max_rows, CHUNK):  # every row padding until a pair claims it
+        rows = r0 + tl.arange(0, CHUNK)
+        tl.store(sorted_pairs_ptr + rows, num_pairs.to(tl.int64), mask=rows < max_rows)
+    tl.debug_barrier()
+    for p0 in range(0, num_pairs, CHUNK):  # each pair takes the next row of its run
+        pairs = p0 + tl.arange(0, CHUNK)
+        local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
+        mine = (pairs < num_pairs) & (local >= 0) & (local < num_experts)
+        row = tl.atomic_add(cursor_ptr + local, 1, mask=mine)
+        tl.store(sorted_pairs_ptr + row, pairs.to(tl.int64), mask=mine)
+
+
+def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows every routing of num_pairs pairs fits in once each run is padded: at most
+    min(E, pairs) experts get a pair, each padded by under a block."""
+    rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def align(
+    ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sorted_pairs, block_expert) for expert ids [T, k]; experts [first_expert,
+    first_expert + num_experts) are this rank's, numbered from 0 in block_expert."""
+    flat = ids.flatten().contiguous()
+    num_pairs = flat.numel()
+    rows = max_rows(num_pairs, num_experts, block_m)
+    sorted_pairs = torch.empty(rows, dtype=torch.int64, device=flat.device)
+    block_expert = torch.empty(rows // block_m, dtype=torch.int64, device=flat.device)
+    cursor = torch.empty(num_experts, dtype=torch.int32, device=flat.device)
+    if num_pairs:
+        _align_kernel[(1,)](
+            flat,
+            sorted_pairs,
+            block_expert,
+            cursor,
+            num_pairs,
+            num_experts,
+            first_expert,
+            rows,
+            BLOCK_M=block_m,
+            E_PAD=triton.next_power_of_2(num_experts),
+            CHUNK=1024,
+            BLOCKS=max(1, 8192 // triton.next_power_of_2(num_experts)),
+            PDL=pdl(flat.device),
+            num_warps=8,
+            launch_pdl=pdl(flat.device),
+        )
+    return sorted_pairs, block_expert
