@@ -51,6 +51,11 @@ if has sweep; then
   echo "   sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
 has qwen && { lat qwen3 qwen3-30b-a3b 1; lat qwen3 qwen3-30b-a3b 64; }
+if has profile; then  # where a batch-1 decode step's time goes
+  python3 benchmarks/profile_step.py benchmarks/qwen3-30b-a3b --batch-size 1 --output-len 64 \
+    --prefill-tokens 2048 > "$OUT/profile_b1.log" 2>&1
+  grep -A40 "kernel" "$OUT/profile_b1.log" | head -60 >> "$LOG"
+fi
 has qwen-fp8 && { lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8; lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; }
 has qwen-tput && tput qwen3 qwen3-30b-a3b
 if has start; then

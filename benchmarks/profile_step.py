@@ -31,6 +31,8 @@ def classify(name: str) -> str:
     n = name.lower()
     if "nccl" in n or "all_reduce" in n or "allreduce" in n or "symm" in n:
         return "all-reduce / gather"
+    if "grouped_gemm" in n or "align_kernel" in n or "topk_softmax" in n:
+        return "moe (route, align, grouped gemms)"
     if "attention" in n or "split_kv" in n:
         return "attention"
     if "write_kv" in n:

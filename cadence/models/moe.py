@@ -48,18 +48,24 @@ class MoEOptions:
     shared_gate: bool = True  # the shared expert's output behind a sigmoid gate (Qwen2-MoE)
 
 
-def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] float32, expert ids [T, k]) from router logits [T, E]. On CUDA one
-    Triton kernel (cadence/ops/moe_routing.py) instead of softmax, top-k and the sum."""
+def route(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    out_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] in out_dtype, expert ids [T, k]) from router logits [T, E]: the
+    softmax in float32, its top k, optionally renormalised, then cast. On CUDA one Triton
+    kernel (cadence/ops/moe_routing.py) instead of softmax, top-k, sum and cast."""
     if logits.is_cuda:
         from cadence.ops import moe_routing
 
-        return moe_routing.topk_softmax(logits, top_k, renormalize)
+        return moe_routing.topk_softmax(logits, top_k, renormalize, out_dtype)
     probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
+    return weights.to(out_dtype), ids
 
 
 class FusedExperts(nn.Module):
@@ -97,39 +103,46 @@ class FusedExperts(nn.Module):
         whole expert), this rank's columns of it; another rank's expert is skipped."""
         if piece not in self.PIECES or not 0 <= expert < self.num_experts:
             raise ValueError(f"unexpected expert weight {piece!r} of expert {expert}")
-        local = expert - self.first_expert
-        if not 0 <= local < self.num_local:
+        if not 0 <= expert - self.first_expert < self.num_local:
             return
         name, half = self.PIECES[piece]
         lo, hi = self.start, self.start + self.local
-        if half is None:
-            rows = source[:, lo:hi]
-            target = self.w2_weight.data[local]
-        else:
-            rows = source[lo:hi]
-            target = self.w13_weight.data[local, half * self.local : (half + 1) * self.local]
-        if tuple(rows.shape) != tuple(target.shape):
-            raise ValueError(
-                f"expert {expert} {piece}: checkpoint shape {tuple(rows.shape)} does not fit "
-                f"{tuple(target.shape)}"
-            )
-        target.copy_(rows)
-        self._loaded.add((name, half, expert))
+        self._fill((name, half), source[:, lo:hi] if half is None else source[lo:hi], expert)
 
     def load_stacked(self, piece: str, source) -> None:
         """transformers 5's own layout: every expert in one tensor, `gate_up_proj`
         [E, 2I, H] (gate rows, then up) or `down_proj` [E, H, I] (a tensor or a
-        safetensors slice: one expert is read at a time)."""
+        safetensors slice: only this rank's experts and columns are read)."""
         shape = shape_of(source)
-        for expert in range(self.num_experts):
-            if piece == "gate_up_proj" and len(shape) == 3 and shape[1] % 2 == 0:
-                whole = shape[1] // 2
-                self.load_expert("gate_proj", source[expert, :whole], expert)
-                self.load_expert("up_proj", source[expert, whole:], expert)
-            elif piece == "down_proj" and len(shape) == 3:
-                self.load_expert("down_proj", source[expert], expert)
-            else:
-                raise ValueError(f"unexpected stacked expert weight {piece!r} of shape {shape}")
+        stacked = len(shape) == 3 and shape[0] == self.num_experts
+        if not stacked or piece not in ("gate_up_proj", "down_proj"):
+            raise ValueError(f"unexpected stacked expert weight {piece!r} of shape {shape}")
+        lo, hi = self.start, self.start + self.local
+        for expert in range(self.first_expert, self.first_expert + self.num_local):
+            if piece == "down_proj":
+                self._fill(("w2", None), source[expert, :, lo:hi], expert)
+                continue
+            whole = shape[1] // 2
+            self._fill(("w13", 0), source[expert, lo:hi], expert)
+            self._fill(("w13", 1), source[expert, whole + lo : whole + hi], expert)
+
+    def _fill(self, part: tuple[str, int | None], rows, expert: int) -> None:
+        """Copy this rank's rows of one expert's gate (w13, 0), up (w13, 1) or down (w2,
+        None) weight, shape-checked."""
+        name, half = part
+        local = expert - self.first_expert
+        if half is None:
+            target = self.w2_weight.data[local]
+        else:
+            target = self.w13_weight.data[local, half * self.local : (half + 1) * self.local]
+        if tuple(rows.shape) != tuple(target.shape):
+            what = {0: "gate", 1: "up", None: "down"}[half]
+            raise ValueError(
+                f"expert {expert} {what}: checkpoint shape {tuple(rows.shape)} does not fit "
+                f"{tuple(target.shape)}"
+            )
+        target.copy_(rows)
+        self._loaded.add((name, half, expert))
 
     def missing(self) -> list[str]:
         """This rank's expert weights the checkpoint did not give (after loading)."""
@@ -158,7 +171,7 @@ class FusedExperts(nn.Module):
                 self.w13_scale,
                 self.w2_scale,
                 self.first_expert,
-                all_local=self.num_local == self.num_experts,
+                global_experts=self.num_experts,
             )
         return self.forward_reference(x, ids, weights)
 
@@ -221,9 +234,8 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opts = self.options
-        weights, ids = route(self.gate(x), opts.top_k, opts.renormalize)
-        if not opts.float32_weights:
-            weights = weights.to(x.dtype)
+        dtype = torch.float32 if opts.float32_weights else x.dtype
+        weights, ids = route(self.gate(x), opts.top_k, opts.renormalize, dtype)
         out = all_reduce(self.experts(x, ids, weights))
         if self.shared_expert is not None:
             shared = self.shared_expert(self.shared_expert.gate_up_proj(x))

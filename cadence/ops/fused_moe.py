@@ -151,7 +151,7 @@ def fused_experts(
     w13_scale: torch.Tensor | None = None,  # [E, 2I] float32, FP8 weights only
     w2_scale: torch.Tensor | None = None,  # [E, H] float32, FP8 weights only
     first_expert: int = 0,
-    all_local: bool = True,  # every id names one of this rank's experts
+    global_experts: int | None = None,  # every rank's together (None: this rank's are all)
 ) -> torch.Tensor:
     """sum_k weights[t, k] * down(silu(gate) * up)(x[t]) over the experts ids[t, k] this
     rank holds: [T, H] in x's dtype."""
@@ -161,7 +161,11 @@ def fused_experts(
     if not num_pairs:
         return torch.zeros_like(x)
     shape = (num_experts, hidden, two_i // 2)
-    cfg = moe_tiles.config(x.device, w13.dtype, shape, tokens, top_k)
+    global_experts = global_experts or num_experts
+    all_local = global_experts == num_experts
+    # (tiles by the pairs this rank's experts get: a share of the step's under EP)
+    local_tokens = -(-tokens * num_experts // global_experts)
+    cfg = moe_tiles.config(x.device, w13.dtype, shape, local_tokens, top_k)
     sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
     x = x.contiguous()
     act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)

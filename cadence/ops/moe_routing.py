@@ -1,7 +1,7 @@
 """A mixture of experts' routing on the GPU, one launch each, with no host sync (so a decode
 step's forward can be captured in a CUDA graph):
 
-    topk_softmax(logits, k, renormalize)   router logits [T, E] -> (weights [T, k] float32,
+    topk_softmax(logits, k, renormalize)   router logits [T, E] -> (weights [T, k],
                                            expert ids [T, k] int32): softmax in float32,
                                            the k largest, optionally rescaled to sum to 1
     align(ids, experts, block_m, first)    the (token, slot) pairs sorted by expert, each
@@ -30,7 +30,7 @@ from cadence.ops.fused import gdc_wait, pdl
 @triton.jit
 def _topk_softmax_kernel(
     logits_ptr,  # [T, E]
-    weights_ptr,  # [T, TOP_K] float32
+    weights_ptr,  # [T, TOP_K] (float32 math, stored in the pointer's dtype)
     ids_ptr,  # [T, TOP_K] int32
     num_tokens,
     num_experts,
@@ -55,29 +55,38 @@ def _topk_softmax_kernel(
     x = tl.where(token_ok[:, None], x, 0.0)  # (rows past T: finite, never stored)
     p = tl.exp(x - tl.max(x, axis=1)[:, None])
     p = p / tl.sum(p, axis=1)[:, None]
+    # A row of NaN logits still picks real experts (whose weights are NaN, as torch's):
+    # padding lanes rank below every probability, NaN lanes as zero.
+    p_ranked = tl.where(p == p, p, 0.0)
+    p_ranked = tl.where((experts < num_experts)[None, :], p_ranked, -2.0)
     slots = tl.arange(0, K_PAD)
     top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
     for j in tl.static_range(TOP_K):  # the j-th largest, then masked out
-        best = tl.max(p, axis=1)
-        which = tl.argmax(p, axis=1).to(tl.int32)
+        which = tl.argmax(p_ranked, axis=1).to(tl.int32)
+        picked = experts[None, :] == which[:, None]
+        best = tl.sum(tl.where(picked, p, 0.0), axis=1)
         top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
         top_i = tl.where(slots[None, :] == j, which[:, None], top_i)
-        p = tl.where(experts[None, :] == which[:, None], -1.0, p)
+        p_ranked = tl.where(picked, -1.0, p_ranked)
     if RENORMALIZE:
         top_w = top_w / tl.sum(top_w, axis=1)[:, None]
     out = tokens[:, None] * TOP_K + slots[None, :]
     ok = token_ok[:, None] & (slots < TOP_K)[None, :]
-    tl.store(weights_ptr + out, top_w, mask=ok)
+    tl.store(weights_ptr + out, top_w.to(weights_ptr.dtype.element_ty), mask=ok)
     tl.store(ids_ptr + out, top_i, mask=ok)
 
 
 def topk_softmax(
-    logits: torch.Tensor, top_k: int, renormalize: bool
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    out_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights [T, k] float32, expert ids [T, k] int32) from router logits [T, E]."""
+    """(weights [T, k] in out_dtype, computed in float32, expert ids [T, k] int32) from
+    router logits [T, E]."""
     tokens, num_experts = logits.shape
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=logits.device)
+    weights = torch.empty((tokens, top_k), dtype=out_dtype, device=logits.device)
     ids = torch.empty((tokens, top_k), dtype=torch.int32, device=logits.device)
     if tokens:
         e_pad = triton.next_power_of_2(num_experts)
@@ -146,7 +155,8 @@ def _align_kernel(
         tl.store(block_expert_ptr + blocks, owner.to(tl.int64), mask=blocks < max_rows // BLOCK_M)
     for r0 in range(0, max_rows, CHUNK):  # every row padding until a pair claims it
         rows = r0 + tl.arange(0, CHUNK)
-        tl.store(sorted_pairs_ptr + rows, num_pairs.to(tl.int64), mask=rows < max_rows)
+        padding = tl.full((CHUNK,), num_pairs, tl.int64)  # (num_pairs may be a constant 1)
+        tl.store(sorted_pairs_ptr + rows, padding, mask=rows < max_rows)
     tl.debug_barrier()
     for p0 in range(0, num_pairs, CHUNK):  # each pair takes the next row of its run
         pairs = p0 + tl.arange(0, CHUNK)

@@ -16,7 +16,8 @@ from cadence.quant.base import ExpertsMethod
 
 def quantize_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stacked weights [E, N, K] -> (e4m3 [E, N, K], float32 scale [E, N]), one expert at a
-    time (a 16-bit copy of one expert is the only extra memory)."""
+    time: beside the 16-bit stack (freed when the layer swaps it for this), one expert's
+    float32 temporaries."""
     q = torch.empty(w.shape, dtype=fk.FP8, device=w.device)
     scale = torch.empty(w.shape[:2], dtype=torch.float32, device=w.device)
     for e in range(w.shape[0]):

@@ -25,6 +25,10 @@ def check_routing(device: str) -> None:
         got_w, got_ids = moe_routing.topk_softmax(logits, 3, renormalize)
         assert got_ids.tolist() == want_ids.tolist()
         torch.testing.assert_close(got_w.cpu(), want_w, atol=1e-6, rtol=1e-5)
+    # (weights in the activations' dtype: rounded once, from float32, as .to() does)
+    want_w, _ = route(logits.cpu(), 3, True, torch.float16)
+    got_w, _ = moe_routing.topk_softmax(logits, 3, True, torch.float16)
+    assert got_w.dtype == torch.float16 and torch.equal(got_w.cpu(), want_w)
     # align: every pair once, each expert's run padded to the row block, blocks labelled
     ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
     sorted_pairs, block_expert = moe_routing.align(ids, 8, 4)
@@ -34,6 +38,16 @@ def check_routing(device: str) -> None:
     for block, expert in enumerate(block_expert.tolist()[:3]):
         pairs = [p for p in rows[block * 4 : block * 4 + 4] if p < 6]
         assert pairs and all(ids.flatten()[p] == expert for p in pairs)
+    # many pairs (passes over more than one chunk), experts not a power of two
+    ids = torch.rand(200, 60, device=device).topk(6, dim=1).indices
+    sorted_pairs, block_expert = moe_routing.align(ids, 60, 16)
+    rows, owners = sorted_pairs.tolist(), block_expert.tolist()
+    assert sorted(p for p in rows if p < 1200) == list(range(1200))
+    flat = ids.flatten().tolist()
+    for block, expert in enumerate(owners):
+        pairs = [p for p in rows[block * 16 : block * 16 + 16] if p < 1200]
+        assert all(flat[p] == expert for p in pairs) and (expert >= 0 or not pairs)
+    ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
     # a rank holding experts 2 and 3 only: pairs routed elsewhere get no row
     sorted_pairs, block_expert = moe_routing.align(ids, 2, 4, first_expert=2)
     assert sorted(p for p in sorted_pairs.tolist() if p < 6) == [0, 2, 5]
@@ -55,7 +69,7 @@ def check_all(device: str) -> None:
     if device == "cuda":  # (the interpreter's tl.dot has no bf16)
         cases.append((torch.bfloat16, 3e-2))
     for dtype, tol in cases:
-        for tokens, top_k in ((1, 2), (5, 2), (33, 3)):
+        for tokens, top_k in ((1, 1), (1, 2), (5, 2), (33, 3)):
             x = torch.randn(tokens, hidden, device=device, dtype=dtype)
             logits = torch.randn(tokens, num_experts, device=device)
             logits[:, 5:] -= 100.0  # experts 5-7 never chosen
@@ -71,7 +85,7 @@ def check_all(device: str) -> None:
             ep = FusedExperts(num_experts, hidden, inter).to(device, dtype)
             ep.num_local, ep.first_expert = 4, 4
             ep.w13_weight.data, ep.w2_weight.data = w13[4:].clone(), w2[4:].clone()
-            got = fused_moe.fused_experts(x, w13[4:], w2[4:], ids, weights, None, None, 4, False)
+            got = fused_moe.fused_experts(x, w13[4:], w2[4:], ids, weights, None, None, 4, 8)
             torch.testing.assert_close(
                 got, ep.forward_reference(x, ids, weights), atol=tol, rtol=tol
             )
