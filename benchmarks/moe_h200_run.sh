@@ -6,6 +6,7 @@
 #   PARTS="qwen-fp8 qwen-tput start"   Qwen3-30B-A3B FP8 at batch 1 and 64; 256 x 1,024 ->
 #                              256 in bf16; process start -> first token, cold Triton cache
 #   PARTS="mixtral mixtral-fp8 mixtral-tput"   the same cases for Mixtral-8x7B
+#   PARTS="qwen1 qwen1-fp8"     batch 1 alone
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -51,6 +52,8 @@ if has sweep; then
   echo "   sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
 has qwen && { lat qwen3 qwen3-30b-a3b 1; lat qwen3 qwen3-30b-a3b 64; }
+has qwen1 && lat qwen3 qwen3-30b-a3b 1  # (batch 1 alone: after a sweep of the thin tiles)
+has qwen1-fp8 && lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8
 if has profile; then  # where a batch-1 decode step's time goes
   python3 benchmarks/profile_step.py benchmarks/qwen3-30b-a3b --batch-size 1 --output-len 64 \
     --prefill-tokens 2048 > "$OUT/profile_b1.log" 2>&1

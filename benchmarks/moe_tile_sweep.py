@@ -33,9 +33,9 @@ def tiles(block_m: int) -> list[dict]:
     """The candidates for one row block: thin blocks read weights (decode: wide K runs,
     deep pipelines), tall ones multiply (prefill: wide N, more warps)."""
     out = []
-    if block_m == 16:
-        for bn in (32, 64, 128):
-            for bk in (64, 128, 256):
+    if block_m == 16:  # (narrow columns: at batch 1 only enough programs keep HBM busy)
+        for bn in (16, 32, 64, 128):
+            for bk in (64, 128, 256) if bn > 16 else (128, 256, 512):
                 for stages in (2, 3, 4, 5):
                     out.append(dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=stages))
     else:
