@@ -25,10 +25,14 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """norm(x), or with a residual: (norm(x + residual), x + residual)."""
-        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        if (
+            x.is_cuda
+            and (x.dim() == 2 or (x.dim() == 3 and residual is None))
+            and x.stride(-1) == 1
+        ):
             from cadence.ops import fused  # one Triton kernel instead of ~7 launches
 
-            if residual is None:
+            if residual is None:  # (3-D: per-head q / k norms, Qwen3's)
                 return fused.rms_norm(x, self.weight, self.eps)
             return fused.add_rms_norm(x, residual, self.weight, self.eps)
         if x.dim() == 2 and x.dtype == self.weight.dtype and (ops := cpu_ops.usable(x)) is not None:
@@ -55,7 +59,11 @@ class GemmaRMSNorm(nn.Module):
         return (out * (1.0 + self.weight.float())).type_as(x)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        if x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        if (
+            x.is_cuda
+            and (x.dim() == 2 or (x.dim() == 3 and residual is None))
+            and x.stride(-1) == 1
+        ):
             from cadence.ops import fused  # one kernel: Gemma 2 runs four norms a layer
 
             if residual is None:

@@ -59,6 +59,8 @@ def _rms_norm_kernel(
     out_ptr,
     res_out_ptr,
     stride_x,
+    stride_xh,  # between the heads of a token ([T, H, D] input; 0 for rows)
+    heads,  # rows a token has (1 for [T, D])
     stride_res,
     stride_out,
     stride_res_out,
@@ -74,7 +76,8 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    x_row = x_ptr + (row // heads) * stride_x + (row % heads) * stride_xh
+    x = tl.load(x_row + cols, mask=mask, other=0.0)
     dtype = x.dtype
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -98,8 +101,11 @@ def _norm(
     eps: float,
     gemma: bool = False,
 ):
-    rows, cols = x.shape
-    out = torch.empty_like(x)
+    # [T, D] rows, or [T, H, D] heads (per-head q / k norms: no copy of a strided view)
+    *lead, cols = x.shape
+    heads = lead[1] if len(lead) == 2 else 1
+    rows = lead[0] * heads
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else out
     if rows:
         _rms_norm_kernel[(rows,)](
@@ -109,8 +115,10 @@ def _norm(
             out,
             res_out,
             x.stride(0),
+            x.stride(1) if heads > 1 else 0,
+            heads,
             residual.stride(0) if residual is not None else 0,
-            out.stride(0),
+            cols,  # (out is contiguous: a row, or a head, every `cols`)
             res_out.stride(0),
             cols,
             eps,
@@ -125,7 +133,8 @@ def _norm(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool = False):
-    """RMSNorm of each row (`gemma`: GemmaRMSNorm's weight convention and rounding)."""
+    """RMSNorm of each row of x [T, D], or of each head of x [T, H, D] (any strides but
+    the last); `gemma`: GemmaRMSNorm's weight convention and rounding."""
     return _norm(x, None, weight, eps, gemma)[0]
 
 

@@ -39,6 +39,18 @@ def check_all(device: str) -> None:
                 got_res, want_res, atol=0 if exact else tol, rtol=0 if exact else tol
             )
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        # Per-head norms (Qwen3's q / k): heads of a strided [T, H, D] view of a wider row.
+        norm = RMSNorm(32, 1e-6).to(device, dtype)
+        norm.weight.data.uniform_(0.5, 1.5)
+        qkv = torch.randn(5, 4 * 32 + 24, device=device, dtype=dtype)
+        q = qkv[:, : 4 * 32].view(5, 4, 32)
+        got = fused.rms_norm(q, norm.weight, norm.eps)
+        assert got.shape == (5, 4, 32)
+        torch.testing.assert_close(got, norm._norm(q), atol=tol, rtol=tol)
+        gnorm = GemmaRMSNorm(32, 1e-6).to(device, dtype)
+        gnorm.weight.data.uniform_(-0.5, 0.5)
+        got = fused.rms_norm(q, gnorm.weight, gnorm.eps, gemma=True)
+        torch.testing.assert_close(got, gnorm._norm(q), atol=tol, rtol=tol)
         # Gemma's RMSNorm (weight as an offset from 1, one rounding), with the residual.
         norm = GemmaRMSNorm(100, 1e-6).to(device, dtype)
         norm.weight.data.uniform_(-0.5, 0.5)
