@@ -39,8 +39,9 @@ tput() {  # tput NAME MODEL [flags]: 256 prompts x 1,024 -> 256
   echo "   ($((SECONDS - t0)) s)" | tee -a "$LOG"
 }
 if has tests; then
-  python3 -m pytest -q -m gpu tests/ops/test_fused_moe.py tests/worker/test_cuda_runner.py \
-    -k "moe or mixtral or granite or olmoe" -p no:cacheprovider 2>&1 | tail -6 | tee -a "$LOG"
+  python3 -m pytest -q -m gpu tests/ops/test_fused.py tests/ops/test_fused_moe.py \
+    tests/worker/test_cuda_runner.py -k "fused or moe or mixtral or granite or olmoe or qwen3" \
+    -p no:cacheprovider 2>&1 | tail -6 | tee -a "$LOG"
 fi
 if has sweep; then
   t0=$SECONDS

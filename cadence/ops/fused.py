@@ -103,6 +103,7 @@ def _norm(
 ):
     # [T, D] rows, or [T, H, D] heads (per-head q / k norms: no copy of a strided view)
     *lead, cols = x.shape
+    assert len(lead) == 1 or (len(lead) == 2 and residual is None), "[T, D], or [T, H, D] alone"
     heads = lead[1] if len(lead) == 2 else 1
     rows = lead[0] * heads
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
