@@ -46,14 +46,19 @@ def _device_name(index: int) -> str:
 
 
 @functools.cache
-def _tables(device_name: str) -> dict:
+def _tables(device_name: str) -> dict[str, list[tuple[int, dict]]]:
+    """shape key -> [(batch, entry)] sorted by batch, from the tables for this GPU (read
+    once: every layer of every eager step looks its tiles up)."""
     shapes: dict = {}
     for path in TABLES:
         if path.exists():
             table = json.loads(path.read_text())
             if table.get("device") and table["device"] in device_name:
                 shapes.update(table.get("shapes", {}))
-    return shapes
+    return {
+        key: sorted(((int(b), e) for b, e in entries.items()), key=lambda p: p[0])
+        for key, entries in shapes.items()
+    }
 
 
 def config(
@@ -72,6 +77,4 @@ def config(
         ).get(shape_key(dtype, *shape))
     if not entries:
         return default_config(tokens, top_k, shape[0])
-    batches = sorted(int(b) for b in entries)
-    fit = next((b for b in batches if b >= tokens), batches[-1])
-    return entries[str(fit)]
+    return next((entry for batch, entry in entries if batch >= tokens), entries[-1][1])
