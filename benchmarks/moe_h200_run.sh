@@ -7,6 +7,8 @@
 #                              256 in bf16; process start -> first token, cold Triton cache
 #   PARTS="mixtral mixtral-fp8 mixtral-tput"   the same cases for Mixtral-8x7B
 #   PARTS="qwen1 qwen1-fp8"     batch 1 alone
+#   PARTS="gptoss gptoss-fp8 gptoss-start"   GPT-OSS-20B's shape (bf16 experts, as its MXFP4
+#                              checkpoint dequantizes at load): batch 1 and 64, FP8, start
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -40,7 +42,8 @@ tput() {  # tput NAME MODEL [flags]: 256 prompts x 1,024 -> 256
 }
 if has tests; then
   python3 -m pytest -q -m gpu tests/ops/test_fused.py tests/ops/test_fused_moe.py \
-    tests/worker/test_cuda_runner.py -k "fused or moe or mixtral or granite or olmoe or qwen3" \
+    tests/worker/test_cuda_runner.py tests/attention/test_triton_paged.py \
+    -k "fused or moe or mixtral or granite or olmoe or qwen3 or gpt or sinks" \
     -p no:cacheprovider 2>&1 | tail -6 | tee -a "$LOG"
 fi
 if has sweep; then
@@ -62,19 +65,23 @@ if has profile; then  # where a batch-1 decode step's time goes
 fi
 has qwen-fp8 && { lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8; lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; }
 has qwen-tput && tput qwen3 qwen3-30b-a3b
-if has start; then
+start_time() {  # start_time MODEL NAME: process start -> first token, cold Triton cache
+  local start
   start=$(date +%s.%N)
   TRITON_CACHE_DIR=$(mktemp -d) python3 - <<PY 2>&1 | grep -v " INFO " | tail -2 | tee -a "$LOG"
 import time
 t0 = $start
 from cadence import LLM, SamplingParams
-t1 = time.time()
-llm = LLM("benchmarks/qwen3-30b-a3b", load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
+llm = LLM("benchmarks/$1", load_format="dummy", dtype="bfloat16", skip_tokenizer_init=True)
 llm.generate([[1, 2, 3]], SamplingParams(max_tokens=1), use_tqdm=False)
-print(f"Qwen3-30B-A3B process start -> first token, cold Triton cache: {time.time() - t0:.1f} s")
+print(f"$2 process start -> first token, cold Triton cache: {time.time() - t0:.1f} s")
 PY
-fi
+}
+has start && start_time qwen3-30b-a3b Qwen3-30B-A3B
 has mixtral && { lat mixtral mixtral-8x7b 1; lat mixtral mixtral-8x7b 64; }
 has mixtral-fp8 && { lat mixtral_fp8 mixtral-8x7b 1 --quantization fp8; lat mixtral_fp8 mixtral-8x7b 64 --quantization fp8; }
 has mixtral-tput && tput mixtral mixtral-8x7b
+has gptoss && { lat gptoss gpt-oss-20b 1; lat gptoss gpt-oss-20b 64; }
+has gptoss-fp8 && { lat gptoss_fp8 gpt-oss-20b 1 --quantization fp8; lat gptoss_fp8 gpt-oss-20b 64 --quantization fp8; }
+has gptoss-start && start_time gpt-oss-20b GPT-OSS-20B
 exit 0

@@ -50,8 +50,10 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_model():
     """hf_model(path) -> the transformers model in float32, loaded once per path. Eager
-    attention (transformers' reference math): its SDPA path, where a release offers one
-    for a family, may skip what SDPA cannot express (Gemma 2's soft-capped scores)."""
+    attention and experts (transformers' reference math): its SDPA path, where a release
+    offers one for a family, may skip what SDPA cannot express (Gemma 2's soft-capped
+    scores), and its default grouped-GEMM experts in transformers 5.17 read GPT-OSS's
+    interleaved gate and up columns as two halves (5.24's do not)."""
     cache = {}
 
     def load(path: str):
@@ -59,7 +61,10 @@ def hf_model():
             from transformers import AutoModelForCausalLM
 
             cache[path] = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch.float32, attn_implementation="eager"
+                path,
+                dtype=torch.float32,
+                attn_implementation="eager",
+                experts_implementation="eager",
             ).eval()
         return cache[path]
 

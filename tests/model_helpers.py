@@ -58,6 +58,29 @@ ARCHS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3"]
 WINDOW = 8  # the zoo's sliding windows: shorter than most test prompts
 
 
+def _gpt_oss_weights(built):
+    """(config, a builder of the model whose biases and sinks are random and whose gate/up
+    weights are wide enough that the SwiGLU clamp at its usual 7.0 bites): transformers
+    starts GPT-OSS's biases at zero (a dropped one would pass) and its sinks near it. (The
+    limit stays 7.0: transformers 5.17 ignores the config's swiglu_limit.)"""
+    config, cls = built
+
+    def build(config):
+        model = cls(config)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("bias"):
+                    p.normal_(0.0, 0.1)
+                elif name.endswith("sinks"):
+                    p.normal_(0.0, 1.0)
+                elif name.endswith("gate_up_proj"):
+                    p.mul_(12.0)
+        return model
+
+    build.__name__ = cls.__name__  # (tests name the architecture by the builder's name)
+    return config, build
+
+
 def _zoo_config(name: str, arch: str, **options):
     """A tiny config of transformers' `name`, three layers (so interleaved layer kinds show),
     the family's distinctive options on."""
@@ -194,6 +217,27 @@ ZOO = {
         residual_multiplier=0.5,
         attention_multiplier=0.2,
         logits_scaling=2.0,
+    ),
+    # GPT-OSS: sinks, alternating windows, YaRN (factor 32 over a 16-token original context,
+    # so it acts within the tiny model's 512), biases everywhere, a clamp that bites.
+    "gpt-oss": lambda: _gpt_oss_weights(
+        _zoo_config(
+            "GptOssConfig",
+            "GptOssForCausalLM",
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            head_dim=16,
+            sliding_window=WINDOW,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 16,
+            },
+        )
     ),
     "granite-moe-shared": lambda: _zoo_config(
         "GraniteMoeSharedConfig",

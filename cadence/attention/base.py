@@ -59,6 +59,7 @@ class BackendCapabilities:
     fp8_kv: bool = True  # reads and writes an FP8 (e4m3) KV cache
     sliding_window: bool = False  # forward(window=W): a query sees only its last W keys
     softcap: bool = False  # forward(softcap=c): scores pass through c * tanh(score / c)
+    sinks: bool = False  # forward(sinks=s): a logit per head that joins each softmax sum
 
 
 class AttentionBackend(abc.ABC):
@@ -96,14 +97,17 @@ class AttentionBackend(abc.ABC):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Rotate q and k by `rotary` (cos, sin [T, 1, D], rotate-half; None: already
         rotated), write k/v into their slots, then attend each query token to its context.
         q and k may be rotated in place. `kv_scale` (k_scale, v_scale) applies to an FP8
         cache only. `window` W (a sliding-window layer): the query at position p sees keys
         at positions p - W < j <= p, as transformers counts it. `softcap` c: each score s
-        becomes c * tanh(s / c) before the mask and softmax (Gemma 2). Both only where the
-        backend's capabilities say so (the model checks when it is built)."""
+        becomes c * tanh(s / c) before the mask and softmax (Gemma 2). `sinks` [Hq] float32
+        (GPT-OSS): head h's softmax denominator gains e^sinks[h], a key that attends to
+        nothing (so a row's weights may sum to less than 1). Each only where the backend's
+        capabilities say so (the model checks when it is built)."""
 
     # ---- capabilities (see BackendCapabilities) ----------------------------------------
 

@@ -7,8 +7,9 @@ requests of 135 tokens, and growing with the context). `cpu_ops.paged_attention`
 request's block table instead and reads each key's row where it lies. Prefill chunks (more
 than SHORT_QUERY tokens) keep SDPA over gathered K/V: there the copy is amortised over the
 chunk's queries, and SDPA's blocked GEMMs beat a per-row kernel. The kernel takes a sliding
-window (it reads only the window's blocks) and soft-capped scores; an FP8 cache falls back
-to the torch backend's path (the kernel reads the activation dtype).
+window (it reads only the window's blocks) and soft-capped scores; an FP8 cache and
+attention sinks fall back to the torch backend's path (the kernel reads the activation
+dtype and has no sink term).
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
         num_kv_heads: int,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         ops = cpu_ops.usable(q)
-        if ops is None or not isinstance(k_flat, torch.Tensor) or k_flat.dtype != q.dtype:
+        plain = isinstance(k_flat, torch.Tensor) and k_flat.dtype == q.dtype
+        if ops is None or not plain or sinks is not None:
             if plan.short_mask is None:
                 super()._plan_short(plan, *plan.short_source)
             super()._attend_short(
-                q, k_flat, v_flat, plan, out, scale, num_kv_heads, window, softcap
+                q, k_flat, v_flat, plan, out, scale, num_kv_heads, window, softcap, sinks
             )
             return
         tables, first, qlens, slens, bs = plan.paged

@@ -11,8 +11,9 @@ block computed in this same step reads what this step wrote), then:
     causal mask offset by the number of tokens already in the cache.
 
 A sliding-window layer narrows the causal mask to the last W keys (each window's masks are
-built once a step, on first use); a soft-capped layer (Gemma 2) scores in plain matmuls,
-since SDPA has no hook between the scores and the softmax.
+built once a step, on first use); a soft-capped layer (Gemma 2) or one with attention
+sinks (GPT-OSS) scores in plain matmuls, since SDPA has no hook between the scores and
+the softmax.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class _Plan:
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
-    capabilities = BackendCapabilities(sliding_window=True, softcap=True)
+    capabilities = BackendCapabilities(sliding_window=True, softcap=True, sinks=True)
 
     def build(self, meta: AttentionMetadata) -> AttentionMetadata:
         device = meta.slot_mapping.device
@@ -122,6 +123,7 @@ class TorchAttentionBackend(AttentionBackend):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if rotary is not None:
             q, k = apply_rotary(q, k, rotary)
@@ -141,7 +143,9 @@ class TorchAttentionBackend(AttentionBackend):
         plan: _Plan = meta.backend_data
         out = torch.empty_like(q)
         if plan.short_rows is not None:
-            self._attend_short(q, k_flat, v_flat, plan, out, scale, num_kv_heads, window, softcap)
+            self._attend_short(
+                q, k_flat, v_flat, plan, out, scale, num_kv_heads, window, softcap, sinks
+            )
         for i, (start, qlen, slots, mask) in enumerate(plan.prefills):
             if window is not None:
                 mask = _windowed(plan, ("prefill", i), mask, plan.prefill_positions[i], window)
@@ -150,7 +154,8 @@ class TorchAttentionBackend(AttentionBackend):
             qp = q[start : start + qlen].transpose(0, 1)[None]  # [1, Hq, q, D]
             kp = k_flat[slots].to(q.dtype).transpose(0, 1)[None]  # [1, Hkv, L, D]
             vp = v_flat[slots].to(q.dtype).transpose(0, 1)[None]
-            op = _attend(qp, kp, vp, mask, scale, softcap)
+            row_sinks = None if sinks is None else sinks[None, :, None, None]  # [1, Hq, 1, 1]
+            op = _attend(qp, kp, vp, mask, scale, softcap, row_sinks)
             out[start : start + qlen] = op[0].transpose(0, 1)
         return out
 
@@ -165,6 +170,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads: int,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> None:
         """Attention of the short queries into their rows of `out` (K/V gathered by slot
         into a padded batch, one SDPA call)."""
@@ -184,7 +190,11 @@ class TorchAttentionBackend(AttentionBackend):
             mask = _windowed(plan, ("short",), mask, plan.short_positions, window)
         if qmax > 1:  # each query token's mask row, once per head of its group
             mask = mask.repeat_interleave(group, dim=2)
-        os_ = _attend(qs, ks, vs, mask, scale, softcap)
+        row_sinks = None
+        if sinks is not None:  # row i * G + g of KV head h is query head h * G + g
+            row_sinks = sinks.view(num_kv_heads, 1, group).expand(-1, qmax, -1)
+            row_sinks = row_sinks.reshape(1, num_kv_heads, qmax * group, 1)
+        os_ = _attend(qs, ks, vs, mask, scale, softcap, row_sinks)
         os_ = os_.view(b, num_kv_heads, qmax, group, head_dim).transpose(1, 2)
         os_ = os_.reshape(b * qmax, num_heads, head_dim)
         if qmax == 1:
@@ -206,11 +216,12 @@ def _windowed(plan: _Plan, which: tuple, mask, positions, window: int) -> torch.
     return plan.windowed[key]
 
 
-def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
+def _attend(q, k, v, mask, scale: float, softcap: float | None, sinks=None) -> torch.Tensor:
     """softmax(q k^T * scale [soft-capped], masked) v over [N, H, q, D] inputs; k, v may
-    have fewer heads (grouped-query). SDPA unless the scores are soft-capped: then the
-    same steps in transformers' order (scale, cap, mask, float32 softmax)."""
-    if softcap is None:
+    have fewer heads (grouped-query). SDPA unless the scores are soft-capped or a row's
+    softmax has a sink (`sinks`: float32 logits broadcast to [N, H, q, 1]): then the same
+    steps in transformers' order (scale, cap, mask, sink column, float32 softmax)."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
         )
@@ -218,10 +229,16 @@ def _attend(q, k, v, mask, scale: float, softcap: float | None) -> torch.Tensor:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(weights, v)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    else:  # the sink takes its share of each row's sum, then is dropped
+        sink = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1, dtype=torch.float32)
+        weights = weights[..., :-1]
+    return torch.matmul(weights.to(q.dtype), v)
 
 
 class _Fp8Rows:

@@ -1,11 +1,10 @@
-"""The Triton kernels of the paged-attention backend that every step runs (A and B); the
-split-KV pair (C) is in triton_split_kv.py, the planning and launches in triton_paged.py.
+"""Kernel B of the Triton paged-attention backend, `paged_attention_kernel`: attend every
+work item of a mixed batch in one launch. Kernel A (the K/V write) is in
+triton_write_kv.py, the split-KV pair (C) in triton_split_kv.py, the planning and launches
+in triton_paged.py.
 
-  A  write_kv_kernel        rotate q in place, write the step's rotated K and V to the cache
-  B  paged_attention_kernel  attend every work item of a mixed batch, one launch
-
-Both attention kernels walk keys with `_attend_range`, the online-softmax inner loop. Kernel
-B's prefill tile visits a range in phases: the tiles every query row sees in full (keys
+Both attention kernels (B and C) walk keys with `_attend_range`, the online-softmax inner
+loop. Kernel B's prefill tile visits a range in phases: the tiles every query row sees in full (keys
 before the program's first query token and inside its last token's window: no causal,
 window or bounds masks, so no compares or selects in the loop that dominates a long
 prefill), with masked loops before them (keys only the earlier rows' windows still hold;
@@ -15,8 +14,10 @@ masked loop alone, which keeps their compile time down.
 Layer options, all in the same kernels: a sliding window W (a runtime integer: a row at
 position p sees keys p - W < j <= p; no window is a W past any context, so the compare
 costs a decode loop nothing it would notice), soft-capped scores (SOFTCAP, Gemma 2:
-c * tanh(s / c) before the mask) and head dims that are not powers of two (80, 96: the
-tiles are DIM rounded up, the extra columns load as zeros and are never stored).
+c * tanh(s / c) before the mask), attention sinks (SINKS, GPT-OSS: a learned logit per
+head joins each row's softmax denominator and attends to nothing; folded in once the keys
+are done, by `add_sinks`) and head dims that are not powers of two (80, 96: the tiles are
+DIM rounded up, the extra columns load as zeros and are never stored).
 """
 
 from __future__ import annotations
@@ -24,118 +25,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cadence.ops.fused import gdc_wait, rotate_half_rows
+from cadence.ops.fused import gdc_wait
 
 NO_WINDOW = 1 << 30  # the window of a layer without one: past any context (and int32-safe)
-
-# ---------------------------------------------------------------------------------------
-# Kernel A: write the step's K/V into the cache.
-# ---------------------------------------------------------------------------------------
+LOG2E = tl.constexpr(1.4426950408889634)  # (a constexpr: jit code may read it)
 
 
 @triton.jit
-def _e4m3_grid(x, EXACT_ROUND: tl.constexpr):
-    """x (float32, within +-448) for a cast to e4m3. GPUs convert with round-to-nearest-
-    even; Triton's interpreter (3.9) rounds some values across a binade wrongly (-7.83 to
-    -4) and flushes subnormals, so under it x is first rounded onto the e4m3 grid here
-    (3 mantissa bits, subnormal steps of 2^-9), which the cast then keeps exactly."""
-    if EXACT_ROUND:
-        ax = tl.abs(x)
-        e = tl.floor(tl.log2(tl.maximum(ax, 1e-30)))
-        ulp = tl.exp2(tl.maximum(e, -6.0) - 3.0)
-        y = ax / ulp
-        r = tl.floor(y + 0.5)
-        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
-        r = tl.where(((r - y) == 0.5) & odd, r - 1.0, r)
-        x = tl.where(x < 0, -r * ulp, r * ulp)
-    return x
-
-
-@triton.jit
-def write_kv_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    cache_ptr,
-    slot_ptr,
-    cos_ptr,
-    sin_ptr,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cos,
-    stride_ckv,
-    stride_cblk,
-    stride_ctok,
-    stride_chead,
-    num_q_heads,
-    num_kv_heads,
-    k_inv_scale,  # FP8 caches: stored = clamp(k / k_scale) (1.0 otherwise, unused)
-    v_inv_scale,
-    BLOCK_SIZE: tl.constexpr,
-    HALF: tl.constexpr,  # head_dim // 2
-    HALF_PAD: tl.constexpr,  # HALF rounded up to a power of two (a block's width)
-    BLOCK_H: tl.constexpr,
-    BLOCK_HQ: tl.constexpr,
-    ROTARY: tl.constexpr,
-    SCALED: tl.constexpr,  # an FP8 cache: scale and saturate on the way in
-    EXACT_ROUND: tl.constexpr,  # round onto the e4m3 grid before the cast (the interpreter)
-    PDL: tl.constexpr,
-):
-    if PDL:
-        gdc_wait()
-    t = tl.program_id(0).to(tl.int64)
-    half = tl.arange(0, HALF_PAD)
-    d = half[None, :]
-    d_ok = d < HALF  # all true unless the head dim is not a power of two (80, 96)
-    h = tl.arange(0, BLOCK_H)[:, None]
-    if ROTARY:
-        cos1 = tl.load(cos_ptr + t * stride_cos + half, mask=half < HALF)
-        cos2 = tl.load(cos_ptr + t * stride_cos + HALF + half, mask=half < HALF)
-        sin1 = tl.load(sin_ptr + t * stride_cos + half, mask=half < HALF)
-        sin2 = tl.load(sin_ptr + t * stride_cos + HALF + half, mask=half < HALF)
-        # q is rotated in place (even for a padding token: harmless, its output is unused).
-        hq = tl.arange(0, BLOCK_HQ)[:, None]
-        for h0 in range(0, num_q_heads, BLOCK_HQ):
-            qmask = ((h0 + hq) < num_q_heads) & d_ok
-            ptr = q_ptr + t * stride_qt + (h0 + hq) * stride_qh + d
-            q1, q2 = rotate_half_rows(
-                tl.load(ptr, mask=qmask, other=0.0),
-                tl.load(ptr + HALF, mask=qmask, other=0.0),
-                cos1,
-                sin1,
-                cos2,
-                sin2,
-            )
-            tl.store(ptr, q1, mask=qmask)
-            tl.store(ptr + HALF, q2, mask=qmask)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    # A negative slot marks a padding token (e.g. a CUDA-graph pad): write nothing.
-    if slot >= 0:
-        mask = (h < num_kv_heads) & d_ok
-        dst = cache_ptr + (slot // BLOCK_SIZE) * stride_cblk + (slot % BLOCK_SIZE) * stride_ctok
-        dst += h * stride_chead + d
-        src_k = k_ptr + t * stride_kt + h * stride_kh + d
-        src_v = v_ptr + t * stride_vt + h * stride_vh + d
-        k1 = tl.load(src_k, mask=mask)
-        k2 = tl.load(src_k + HALF, mask=mask)
-        if ROTARY:  # the rotated key goes to the cache only: attention reads keys there
-            k1, k2 = rotate_half_rows(k1, k2, cos1, sin1, cos2, sin2)
-        v1 = tl.load(src_v, mask=mask)
-        v2 = tl.load(src_v + HALF, mask=mask)
-        out_t = cache_ptr.dtype.element_ty
-        if SCALED:  # e4m3 has no infinity: saturate at its largest finite value
-            k1 = _e4m3_grid(tl.clamp(k1.to(tl.float32) * k_inv_scale, -448.0, 448.0), EXACT_ROUND)
-            k2 = _e4m3_grid(tl.clamp(k2.to(tl.float32) * k_inv_scale, -448.0, 448.0), EXACT_ROUND)
-            v1 = _e4m3_grid(tl.clamp(v1.to(tl.float32) * v_inv_scale, -448.0, 448.0), EXACT_ROUND)
-            v2 = _e4m3_grid(tl.clamp(v2.to(tl.float32) * v_inv_scale, -448.0, 448.0), EXACT_ROUND)
-        tl.store(dst, k1.to(out_t), mask=mask)
-        tl.store(dst + HALF, k2.to(out_t), mask=mask)
-        tl.store(dst + stride_ckv, v1.to(out_t), mask=mask)
-        tl.store(dst + stride_ckv + HALF, v2.to(out_t), mask=mask)
+def add_sinks(acc, m_i, l_i, sinks_ptr, head, row_ok):
+    """(acc, m, l) with each row's head's sink logit (natural log; the kernels keep m in
+    the log2 domain) added to the softmax sum: the row's output is scaled by
+    sum / (sum + e^sink) without any term of the sum overflowing."""
+    sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0).to(tl.float32) * LOG2E
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp2(m_i - m_new)
+    return acc * alpha[:, None], m_new, l_i * alpha + tl.exp2(sink - m_new)
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,7 +235,9 @@ def _attend_rows_and_store(
     v_scale,
     window,
     softcap,
+    sinks_ptr,  # [Hq] float32 (SINKS only)
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -393,6 +299,8 @@ def _attend_rows_and_store(
         DOT_F32,
         TWO_PHASE,
     )
+    if SINKS:
+        acc, m_i, l_i = add_sinks(acc, m_i, l_i, sinks_ptr, head, row_ok)
     # A real row sees at least its own key (l >= 1); a padding row may see none.
     out = acc / tl.maximum(l_i, 1e-30)[:, None] * v_scale
     tl.store(
@@ -430,7 +338,9 @@ def paged_attention_kernel(
     work_q,  # query tokens per work item (from build)
     window,  # the layer's sliding window (NO_WINDOW: none)
     softcap,  # the scores' cap in the log2 domain (SOFTCAP layers)
+    sinks_ptr,  # [Hq] float32: each head's sink logit (SINKS layers)
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
     TOK: tl.constexpr,  # query tokens per program (= BLOCK_M // G_PAD)
     BLOCK_M: tl.constexpr,
     SMALL_M: tl.constexpr,  # rows of the decode-sized tile
@@ -469,22 +379,22 @@ def paged_attention_kernel(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                     stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
-                    softcap, SOFTCAP, SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE,
-                    DOT_PRECISION, DOT_F32, False,
+                    softcap, sinks_ptr, SOFTCAP, SINKS, SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, DIM,
+                    BLOCK_SIZE, DOT_PRECISION, DOT_F32, False,
                 )  # fmt: skip
             else:
                 _attend_rows_and_store(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                     stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
-                    softcap, SOFTCAP, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE,
-                    DOT_PRECISION, DOT_F32, TWO_PHASE,
+                    softcap, sinks_ptr, SOFTCAP, SINKS, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM,
+                    BLOCK_SIZE, DOT_PRECISION, DOT_F32, TWO_PHASE,
                 )  # fmt: skip
         else:
             _attend_rows_and_store(
                 q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                 group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                 stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
-                softcap, SOFTCAP, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE,
-                DOT_PRECISION, DOT_F32, False,
+                softcap, sinks_ptr, SOFTCAP, SINKS, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM,
+                BLOCK_SIZE, DOT_PRECISION, DOT_F32, False,
             )  # fmt: skip

@@ -1,7 +1,8 @@
 """Paged attention in Triton: one backend for mixed batches of prefill chunks and decodes.
 
-The kernels live in triton_kernels.py (A, B) and triton_split_kv.py (C); this module plans
-a step (build, once a step) and launches them (forward, once a layer):
+The kernels live in triton_write_kv.py (A), triton_kernels.py (B) and triton_split_kv.py
+(C); this module plans a step (build, once a step) and launches them (forward, once a
+layer):
 
   A  write_kv_kernel         grid (T,)
      one program per new token: rotate its q heads in place (rotary, rotate-half layout)
@@ -66,7 +67,8 @@ from cadence.attention.base import (
     BackendCapabilities,
     is_fp8,
 )
-from cadence.attention.triton_kernels import NO_WINDOW, paged_attention_kernel, write_kv_kernel
+from cadence.attention.triton_kernels import NO_WINDOW, paged_attention_kernel
+from cadence.attention.triton_write_kv import write_kv_kernel
 from cadence.ops.fused import pdl
 
 LOG2E = 1.4426950408889634
@@ -151,7 +153,12 @@ class TritonAttentionBackend(AttentionBackend):
 
     name = "triton"
     capabilities = BackendCapabilities(
-        decode_graphs=True, mixed_graphs=True, split_kv=True, sliding_window=True, softcap=True
+        decode_graphs=True,
+        mixed_graphs=True,
+        split_kv=True,
+        sliding_window=True,
+        softcap=True,
+        sinks=True,
     )
     MIXED_GRAPH_WORK_Q = MAX_WORK_Q  # query tokens per work item in mixed-step graphs
 
@@ -366,6 +373,7 @@ class TritonAttentionBackend(AttentionBackend):
         *,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         plan: TritonPlan = meta.backend_data
         num_tokens, num_heads, head_dim = q.shape
@@ -445,7 +453,9 @@ class TritonAttentionBackend(AttentionBackend):
                 plan.work_q,
                 window,
                 softcap_log2 or 1.0,
+                sinks if sinks is not None else q,
                 SOFTCAP=softcap_log2 is not None,
+                SINKS=sinks is not None,
                 TOK=tok,
                 BLOCK_M=block_m,
                 SMALL_M=small_m,
@@ -480,5 +490,6 @@ class TritonAttentionBackend(AttentionBackend):
                 v_scale,
                 window,
                 softcap_log2,
+                sinks,
             )
         return out

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.attention.triton_kernels import NO_WINDOW, attend
+from cadence.attention.triton_kernels import LOG2E, NO_WINDOW, attend
 from cadence.ops.fused import gdc_wait
 
 # Launch settings of kernel C and the split rule's constants, from benchmarks/split_kv_sweep.py
@@ -184,6 +184,8 @@ def split_kv_reduce_kernel(
     num_parts,
     min_partition,
     window,
+    sinks_ptr,  # [Hq] float32: each head's sink logit (SINKS only)
+    SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,  # kernel C's, for its partition size
@@ -206,10 +208,17 @@ def split_kv_reduce_kernel(
     l_p = tl.load(entry + DIM + 1, mask=ok, other=0.0)
     # Partition p's softmax sum relative to the global max; unused partitions weigh 0
     # (and their never-written outputs are masked to 0, so 0 * garbage cannot happen).
-    w = tl.where(ok, tl.exp2(m - tl.max(m, 0)) * l_p, 0.0)
+    m_max = tl.max(m, 0)
+    if SINKS:  # the head's sink joins the sum once, here (the partitions never see it)
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * LOG2E
+        m_max = tl.maximum(m_max, sink)
+    w = tl.where(ok, tl.exp2(m - m_max) * l_p, 0.0)
+    total = tl.sum(w, 0)
+    if SINKS:
+        total += tl.exp2(sink - m_max)
     d = tl.arange(0, HEAD_DIM)
     o = tl.load(entry[:, None] + d[None, :], mask=ok[:, None] & (d[None, :] < DIM), other=0.0)
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / total
     out_ptrs = out_ptr + tok * stride_ot + h * stride_oh + d
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < DIM)
 
@@ -231,6 +240,7 @@ def split_kv_attention(
     v_scale: float = 1.0,
     window: int = NO_WINDOW,
     softcap: float | None = None,  # in the log2 domain, as kernel B takes it
+    sinks: torch.Tensor | None = None,  # [Hq] float32 sink logits
 ) -> None:
     """Kernel C then its reduce, for the decodes in `split_req`."""
     n_split = split_req.numel()
@@ -294,6 +304,8 @@ def split_kv_attention(
         num_parts,
         min_partition,
         window,
+        sinks if sinks is not None else work,
+        SINKS=sinks is not None,
         HEAD_DIM=tile_dim,
         DIM=head_dim,
         BLOCK_N=block_n,

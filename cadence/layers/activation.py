@@ -21,3 +21,18 @@ class SiluAndMul(nn.Module):
             return ops.silu_and_mul(x)  # one call instead of chunk / silu / mul
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class ClampedSwigluAndMul(nn.Module):
+    """GPT-OSS's gate. x = [gate | up] -> (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha
+    * g) with g = min(gate, limit)."""
+
+    def __init__(self, alpha: float, limit: float) -> None:
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(-self.limit, self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))

@@ -22,6 +22,7 @@ from cadence.distributed.parallel_state import expert_parallel_scope, get_tp
 from cadence.loader.gguf import ensure_float_weights, gguf_source
 from cadence.loader.hf_config import read_config
 from cadence.models.registry import resolve_model_class
+from cadence.quant import mxfp4
 from cadence.quant.base import QuantMethod, finish_loading, quant_scope
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,9 @@ def select_quant(
     from cadence.quant.gguf import GgufQuant
 
     source = gguf_source(path)
-    scheme = scheme_from_config(quantization_config(config))  # raises if unsupported
+    qcfg = quantization_config(config)
+    # MXFP4 experts are dequantized as they load (load_model): the model is built plain
+    scheme = None if mxfp4.declared(qcfg) else scheme_from_config(qcfg)  # raises if unsupported
     if requested == "auto":
         if source is not None and load_format != "dummy":
             # Packed blocks do not split over ranks: a GGUF under TP serves expanded.
@@ -161,7 +164,10 @@ def load_model(
                 p.data.uniform_(-0.02, 0.02, generator=gen)
     else:
         # copy_ casts each shard to the model's dtype (a format's method may keep its own)
-        model.load_weights(weights if weights is not None else iter_safetensors(path))
+        weights = weights if weights is not None else iter_safetensors(path)
+        if mxfp4.declared(quantization_config(config)):
+            weights = mxfp4.dequantized(weights, dtype, device)
+        model.load_weights(weights)
     finish_loading(model)
     release_freed_memory()
     model.eval()

@@ -15,6 +15,8 @@
                         GLM-4), not the two halves of the head
     window              sliding window W: a query sees its last W keys (None: all of them)
     softcap             c: scores become c * tanh(score / c) (Gemma 2)
+    sinks               a learned logit per head joins each softmax's sum (GPT-OSS): the
+                        `sinks` parameter, float32, this rank's heads
 
 The backend does the rest; a layer asks only for what its backend declares it can do.
 """
@@ -47,6 +49,7 @@ class AttentionOptions:
     rotary_interleaved: bool = False
     window: int | None = None
     softcap: float | None = None
+    sinks: bool = False
 
 
 def head_dim_of(config) -> int:
@@ -96,6 +99,9 @@ class Attention(nn.Module):
                 "full": (self.q_size, self.kv_size),
             }[options.qk_norm]
             self.q_norm, self.k_norm = options.norm(q_dim, eps), options.norm(k_dim, eps)
+        self.sinks = None
+        if options.sinks:  # (zeros until loaded: what dummy weights keep)
+            self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
         self.kv_group = 0  # which KV group's blocks it reads (set where it is bound)
@@ -136,6 +142,7 @@ class Attention(nn.Module):
             self.kv_scale,
             window=self.window,
             softcap=self.softcap,
+            sinks=self.sinks,
         )
         out = out.reshape(-1, self.q_size)
         o = self.o_proj
@@ -143,12 +150,23 @@ class Attention(nn.Module):
             return all_reduce(gemv.gemv(out, o.weight, o.local_bias))
         return o(out)
 
+    def load(self, kind: str, source, shard: int = 0) -> None:
+        """A checkpoint's `sinks` [total heads]: this rank's heads of it."""
+        if kind != "sinks" or self.sinks is None:
+            raise ValueError(f"unexpected attention weight {kind!r}")
+        first = get_tp().rank * self.num_heads
+        rows = source[first : first + self.num_heads]
+        if tuple(rows.shape) != (self.num_heads,):
+            raise ValueError(f"sinks: checkpoint shape {tuple(rows.shape)} does not fit")
+        self.sinks.data.copy_(rows)
+
 
 def _check_backend(backend: AttentionBackend, options: AttentionOptions) -> None:
     caps = backend.capabilities
     for needed, has, what in (
         (options.window is not None, caps.sliding_window, "sliding-window attention"),
         (options.softcap is not None, caps.softcap, "soft-capped attention scores"),
+        (options.sinks, caps.sinks, "attention sinks"),
     ):
         if needed and not has:
             raise ValueError(

@@ -1,6 +1,7 @@
 """Mixture-of-experts feed-forward blocks: a router picks each token's top-k experts, the
 experts' SwiGLU MLPs run on the tokens routed to them, and their outputs are summed by the
-routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate).
+routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate; GPT-OSS adds
+biases to the router and to every expert GEMM and gates with a clamped SwiGLU).
 
     SparseMoE        router (replicated Linear hidden -> experts), FusedExperts, shared expert
     FusedExperts     every expert's weights stacked: w13_weight [E, 2 * I, H] (gate rows,
@@ -15,7 +16,9 @@ routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate).
 On the CPU: tokens sorted by expert, one GEMM pair per expert that received any token
 (`forward_reference`); on CUDA the Triton grouped GEMMs of cadence/ops/fused_moe.py.
 Checkpoints store experts one by one (`experts.3.w1`, Mixtral; `experts.3.gate_proj`, Qwen
-and OLMoE); `load_expert` fills the stacked rows.
+and OLMoE; `load_expert` fills the stacked rows) or stacked (`load_stacked`): transformers
+5's layout (`gate_up_proj` [E, 2I, H], gate rows then up) or GPT-OSS's (`gate_up_proj`
+[E, H, 2I] with gate and up columns interleaved, `down_proj` [E, I, H], and biases).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torch import nn
 
 from cadence.distributed.communication import all_reduce
 from cadence.distributed.parallel_state import expert_parallel, get_tp
-from cadence.layers.activation import SiluAndMul
+from cadence.layers.activation import ClampedSwigluAndMul, SiluAndMul
 from cadence.layers.linear import divide
 from cadence.models.mlp import GatedMLP, activation_of
 from cadence.quant.base import current_method, shape_of
@@ -46,6 +49,10 @@ class MoEOptions:
     float32_weights: bool = False
     shared_intermediate_size: int = 0  # a shared expert's (0: none)
     shared_gate: bool = True  # the shared expert's output behind a sigmoid gate (Qwen2-MoE)
+    router_bias: bool = False  # the router's Linear has a bias (GPT-OSS)
+    expert_bias: bool = False  # every expert GEMM adds a bias (GPT-OSS)
+    clamped_swiglu: tuple[float, float] | None = None  # (alpha, limit): GPT-OSS's gate
+    stacked_layout: str = "rows"  # "rows" (transformers 5) | "gpt_oss": see load_stacked
 
 
 def route(
@@ -79,8 +86,18 @@ class FusedExperts(nn.Module):
         "down_proj": ("w2", None),
     }
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        bias: bool = False,
+        clamped_swiglu: tuple[float, float] | None = None,
+        stacked_layout: str = "rows",
+    ) -> None:
         super().__init__()
+        if stacked_layout not in ("rows", "gpt_oss"):
+            raise ValueError(f"unknown stacked expert layout {stacked_layout!r}")
         self.quant_method = current_method().experts()  # raises for formats without experts
         tp = get_tp()
         self.num_experts = num_experts  # the model's, every rank's together
@@ -95,7 +112,13 @@ class FusedExperts(nn.Module):
         self.w13_weight = nn.Parameter(torch.empty(self.num_local, 2 * self.local, hidden))
         self.w2_weight = nn.Parameter(torch.empty(self.num_local, hidden, self.local))
         self.w13_scale = self.w2_scale = None  # float32 [E, rows], quantized formats only
-        self.act = SiluAndMul()
+        self.w13_bias = self.w2_bias = None
+        if bias:  # (zeros until loaded: what dummy weights keep)
+            self.w13_bias = nn.Parameter(torch.zeros(self.num_local, 2 * self.local))
+            self.w2_bias = nn.Parameter(torch.zeros(self.num_local, hidden))
+        self.clamped_swiglu = clamped_swiglu
+        self.act = SiluAndMul() if clamped_swiglu is None else ClampedSwigluAndMul(*clamped_swiglu)
+        self.stacked_layout = stacked_layout
         self._loaded: set[tuple[str, int | None, int]] = set()  # (weight, half, expert)
 
     def load_expert(self, piece: str, source, expert: int) -> None:
@@ -109,34 +132,56 @@ class FusedExperts(nn.Module):
         lo, hi = self.start, self.start + self.local
         self._fill((name, half), source[:, lo:hi] if half is None else source[lo:hi], expert)
 
+    STACKED = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
+
     def load_stacked(self, piece: str, source) -> None:
-        """transformers 5's own layout: every expert in one tensor, `gate_up_proj`
-        [E, 2I, H] (gate rows, then up) or `down_proj` [E, H, I] (a tensor or a
-        safetensors slice: only this rank's experts and columns are read)."""
+        """Every expert in one tensor (a tensor or a safetensors slice: only this rank's
+        experts are read). `stacked_layout` "rows", transformers 5's: `gate_up_proj`
+        [E, 2I, H] (gate rows, then up), `down_proj` [E, H, I]; "gpt_oss": `gate_up_proj`
+        [E, H, 2I] with gate and up in alternate columns, `down_proj` [E, I, H], and the
+        biases `gate_up_proj_bias` [E, 2I] (alternating too) and `down_proj_bias` [E, H]."""
         shape = shape_of(source)
-        stacked = len(shape) == 3 and shape[0] == self.num_experts
-        if not stacked or piece not in ("gate_up_proj", "down_proj"):
+        is_bias = piece.endswith("_bias")
+        stacked = len(shape) == (2 if is_bias else 3) and shape[0] == self.num_experts
+        if not stacked or piece not in self.STACKED or (is_bias and self.w2_bias is None):
             raise ValueError(f"unexpected stacked expert weight {piece!r} of shape {shape}")
         lo, hi = self.start, self.start + self.local
+        gpt_oss = self.stacked_layout == "gpt_oss"
         for expert in range(self.first_expert, self.first_expert + self.num_local):
-            if piece == "down_proj":
-                self._fill(("w2", None), source[expert, :, lo:hi], expert)
+            if piece == "down_proj_bias":
+                # Summed over the ranks' column shares: only the first rank adds it (under
+                # expert parallelism each rank holds whole experts, and start is 0).
+                bias = source[expert]
+                self._fill(("w2_bias", None), bias if lo == 0 else torch.zeros_like(bias), expert)
                 continue
-            whole = shape[1] // 2
-            self._fill(("w13", 0), source[expert, lo:hi], expert)
-            self._fill(("w13", 1), source[expert, whole + lo : whole + hi], expert)
+            if piece == "down_proj":
+                rows = source[expert][lo:hi].t() if gpt_oss else source[expert, :, lo:hi]
+                self._fill(("w2", None), rows, expert)
+                continue
+            name = "w13_bias" if is_bias else "w13"
+            whole = shape[-1] // 2 if gpt_oss or is_bias else shape[1] // 2
+            if gpt_oss:  # gate in even columns, up in odd ones
+                mine = torch.as_tensor(source[expert])
+                mine = mine.t() if not is_bias else mine
+                gate, up = mine[0::2], mine[1::2]
+            else:
+                gate, up = source[expert][:whole], source[expert][whole:]
+            self._fill((name, 0), gate[lo:hi], expert)
+            self._fill((name, 1), up[lo:hi], expert)
 
     def _fill(self, part: tuple[str, int | None], rows, expert: int) -> None:
         """Copy this rank's rows of one expert's gate (w13, 0), up (w13, 1) or down (w2,
-        None) weight, shape-checked."""
+        None) weight, or of their biases (w13_bias, w2_bias), shape-checked."""
         name, half = part
         local = expert - self.first_expert
+        stack = getattr(self, f"{name}_weight" if not name.endswith("bias") else name).data
         if half is None:
-            target = self.w2_weight.data[local]
+            target = stack[local]
         else:
-            target = self.w13_weight.data[local, half * self.local : (half + 1) * self.local]
+            target = stack[local, half * self.local : (half + 1) * self.local]
         if tuple(rows.shape) != tuple(target.shape):
             what = {0: "gate", 1: "up", None: "down"}[half]
+            what += " bias" if name.endswith("bias") else ""
             raise ValueError(
                 f"expert {expert} {what}: checkpoint shape {tuple(rows.shape)} does not fit "
                 f"{tuple(target.shape)}"
@@ -147,6 +192,9 @@ class FusedExperts(nn.Module):
     def missing(self) -> list[str]:
         """This rank's expert weights the checkpoint did not give (after loading)."""
         parts = {("w13", 0): "gate", ("w13", 1): "up", ("w2", None): "down"}
+        if self.w2_bias is not None:
+            parts.update({("w13_bias", 0): "gate bias", ("w13_bias", 1): "up bias"})
+            parts[("w2_bias", None)] = "down bias"
         mine = range(self.first_expert, self.first_expert + self.num_local)
         return [
             f"expert {e} {what}"
@@ -172,6 +220,9 @@ class FusedExperts(nn.Module):
                 self.w2_scale,
                 self.first_expert,
                 global_experts=self.num_experts,
+                w13_bias=self.w13_bias,
+                w2_bias=self.w2_bias,
+                clamped=self.clamped_swiglu,
             )
         return self.forward_reference(x, ids, weights)
 
@@ -203,8 +254,11 @@ class FusedExperts(nn.Module):
             start += n
             tokens = pairs // top_k
             w13, w2 = self._expert_weights(expert, x.dtype)
-            h = self.act(F.linear(x[tokens], w13))
-            h = F.linear(h, w2) * flat_weights[pairs, None]
+            b13 = b2 = None
+            if self.w2_bias is not None:
+                b13, b2 = self.w13_bias[expert], self.w2_bias[expert]
+            h = self.act(F.linear(x[tokens], w13, b13))
+            h = F.linear(h, w2, b2) * flat_weights[pairs, None]
             out.index_add_(0, tokens, h.to(out.dtype))
         return out
 
@@ -215,12 +269,19 @@ class SparseMoE(nn.Module):
 
     def __init__(self, config, options: MoEOptions) -> None:
         super().__init__()
-        if activation_of(config) not in ("silu", "swish"):
+        if options.clamped_swiglu is None and activation_of(config) not in ("silu", "swish"):
             raise ValueError(f"experts with {activation_of(config)!r} are not supported yet")
         hidden = config.hidden_size
         self.options = options
-        self.gate = nn.Linear(hidden, options.num_experts, bias=False)  # the router
-        self.experts = FusedExperts(options.num_experts, hidden, options.intermediate_size)
+        self.gate = nn.Linear(hidden, options.num_experts, bias=options.router_bias)  # router
+        self.experts = FusedExperts(
+            options.num_experts,
+            hidden,
+            options.intermediate_size,
+            bias=options.expert_bias,
+            clamped_swiglu=options.clamped_swiglu,
+            stacked_layout=options.stacked_layout,
+        )
         self.shared_expert = self.shared_expert_gate = None
         if options.shared_intermediate_size:
             shared = SimpleNamespace(

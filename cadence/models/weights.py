@@ -77,8 +77,8 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
             attn.kv_scale = (value, v) if which == "k" else (k, value)
             continue
         owner, _, piece = name.rpartition(".")
-        if piece in ("gate_up_proj", "down_proj") and isinstance(modules.get(owner), FusedExperts):
-            modules[owner].load_stacked(piece, source)  # (transformers 5's stacked layout)
+        if piece in FusedExperts.STACKED and isinstance(modules.get(owner), FusedExperts):
+            modules[owner].load_stacked(piece, source)  # (every expert in one tensor)
             continue
         if (expert := _expert_of(name)) is not None:
             owner, index, piece = expert
@@ -126,7 +126,7 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
         for what in module.missing()
     ]
     for name in params:
-        if name.rpartition(".")[2] not in ("weight", "bias"):
+        if name.rpartition(".")[2] not in ("weight", "bias", "sinks"):
             continue  # a format's optional extras (scales) default where absent
         owner = modules[name.rpartition(".")[0]]
         shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1

@@ -11,6 +11,10 @@ multiple of BLOCK_M rows (moe_routing.align). Then, per block of rows and tile o
 and out [T, k, H] summed over k. An expert that receives no token has no block: its
 weights are never read, so at batch 1 a step reads only the chosen experts' weights.
 
+GPT-OSS's experts add a bias to each GEMM (HAS_BIAS: before the gate and before the
+routing weight) and gate with its clamped SwiGLU (ACT_CLAMPED: g = min(gate, limit),
+(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)) instead of silu(gate) * up.
+
 FP8 experts (`--quantization fp8`) keep e4m3 weights with a float32 scale per output
 channel and expert; the tiles are widened to the activations' dtype in registers (W8A16:
 the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end.
@@ -32,6 +36,7 @@ def _grouped_gemm_kernel(
     a_ptr,  # [rows of A, K]
     w_ptr,  # [E, N (or 2N: gate rows, then up), K]
     scale_ptr,  # [E, rows of w] float32 (W_SCALE only)
+    bias_ptr,  # [E, rows of w] (HAS_BIAS only)
     out_ptr,  # [rows of out, N]
     sorted_pairs_ptr,  # [P_max] int64
     block_expert_ptr,  # [P_max / BLOCK_M] int64
@@ -43,11 +48,16 @@ def _grouped_gemm_kernel(
     stride_we,
     stride_wn,
     stride_se,
+    stride_be,
     stride_out,
     top_k,  # pairs a token has
+    alpha,  # ACT_CLAMPED's sigmoid slope
+    limit,  # ACT_CLAMPED's clamp
     GATED: tl.constexpr,  # first GEMM: silu(gate) * up of rows n and N + n
     ROUTE_SCALE: tl.constexpr,  # second GEMM: scale rows by their routing weight, store by pair
     W_SCALE: tl.constexpr,  # FP8 weights: widen each tile, scale each column at the end
+    HAS_BIAS: tl.constexpr,  # add the expert's bias to each output column
+    ACT_CLAMPED: tl.constexpr,  # gated: GPT-OSS's clamped SwiGLU instead of silu(gate) * up
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 (no TF32: exact against torch)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -90,11 +100,22 @@ def _grouped_gemm_kernel(
         acc *= tl.load(scales, mask=col_ok, other=0.0)[None, :]
         if GATED:
             acc_up *= tl.load(scales + N, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        biases = bias_ptr + expert * stride_be + cols
+        acc += tl.load(biases, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(biases + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
         # rounded to the activations' dtype first, as the projection's output would be
         dtype = out_ptr.dtype.element_ty
         gate = acc.to(dtype).to(tl.float32)
-        acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        if ACT_CLAMPED:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+            acc = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+        else:
+            acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
         out_rows = rows
     else:
         out_rows = pairs
@@ -141,11 +162,24 @@ def sum_slots(pairs: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
 
 
 def launch_gemm(
-    a, w, scale, out, sorted_pairs, block_expert, weights, num_pairs, top_k, tile, **flags
+    a,
+    w,
+    scale,
+    out,
+    sorted_pairs,
+    block_expert,
+    weights,
+    num_pairs,
+    top_k,
+    tile,
+    bias=None,
+    clamped: tuple[float, float] | None = None,
+    **flags,
 ):
     """One grouped GEMM over the aligned rows (`flags`: GATED, ROUTE_SCALE) with `tile`
-    (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). benchmarks/moe_tile_sweep.py
-    times it tile by tile."""
+    (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); `bias` [E, rows of w] where the
+    experts have one, `clamped` (alpha, limit) for GPT-OSS's gate.
+    benchmarks/moe_tile_sweep.py times it tile by tile."""
     n = out.shape[1]
     grid = (block_expert.numel(), triton.cdiv(n, tile["BLOCK_N"]))
     use_pdl = pdl(a.device)
@@ -153,6 +187,7 @@ def launch_gemm(
         a,
         w,
         scale if scale is not None else w,
+        bias if bias is not None else w,
         out,
         sorted_pairs,
         block_expert,
@@ -164,9 +199,13 @@ def launch_gemm(
         w.stride(0),
         w.stride(1),
         scale.stride(0) if scale is not None else 0,
+        bias.stride(0) if bias is not None else 0,
         out.stride(0),
         top_k,
+        *(clamped or (1.0, 1.0)),
         W_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
+        ACT_CLAMPED=clamped is not None,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         PDL=use_pdl,
         launch_pdl=use_pdl,
@@ -185,9 +224,12 @@ def fused_experts(
     w2_scale: torch.Tensor | None = None,  # [E, H] float32, FP8 weights only
     first_expert: int = 0,
     global_experts: int | None = None,  # every rank's together (None: this rank's are all)
+    w13_bias: torch.Tensor | None = None,  # [E, 2I]
+    w2_bias: torch.Tensor | None = None,  # [E, H]
+    clamped: tuple[float, float] | None = None,  # (alpha, limit): GPT-OSS's gate
 ) -> torch.Tensor:
     """sum_k weights[t, k] * down(silu(gate) * up)(x[t]) over the experts ids[t, k] this
-    rank holds: [T, H] in x's dtype."""
+    rank holds: [T, H] in x's dtype (with biases and the clamped gate where given)."""
     tokens, top_k = ids.shape
     num_pairs = tokens * top_k
     num_experts, two_i, hidden = w13.shape
@@ -205,10 +247,12 @@ def fused_experts(
     flat_weights = weights.flatten().contiguous()
     common = (sorted_pairs, block_expert, flat_weights, num_pairs, top_k)
     tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["gated"])
-    launch_gemm(x, w13, w13_scale, act, *common, tile, GATED=True, ROUTE_SCALE=False)
+    launch_gemm(
+        x, w13, w13_scale, act, *common, tile, w13_bias, clamped, GATED=True, ROUTE_SCALE=False
+    )
     # pairs routed to another rank's experts get no row: their outputs must read zero
     alloc = torch.empty if all_local else torch.zeros
     out = alloc((num_pairs, hidden), dtype=x.dtype, device=x.device)
     tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["down"])
-    launch_gemm(act, w2, w2_scale, out, *common, tile, GATED=False, ROUTE_SCALE=True)
+    launch_gemm(act, w2, w2_scale, out, *common, tile, w2_bias, GATED=False, ROUTE_SCALE=True)
     return sum_slots(out, tokens, top_k)

@@ -1,7 +1,7 @@
 """The torch reference backend: short queries (decodes and speculative verifies, batched
 into one padded call) and long prefill chunks (one call each) both equal plain causal
 attention over each request's cached prefix and query, with grouped KV heads, a sliding
-window and soft-capped scores; so does the CPU backend's paged kernel."""
+window, soft-capped scores and attention sinks; so does the CPU backend's paged kernel."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from cadence.ops import cpu_ops
 BS, HQ, HKV, D = 4, 4, 2, 8
 
 
-def reference(q, keys, values, ctx, window=None, softcap=None):
+def reference(q, keys, values, ctx, window=None, softcap=None, sinks=None):
     """Causal attention of q [n, Hq, D] at positions ctx.. over keys [ctx + n, Hkv, D]; a
-    query at p sees keys j with p - window < j <= p; scores capped at softcap * tanh."""
+    query at p sees keys j with p - window < j <= p; scores capped at softcap * tanh; head
+    h's softmax sum gains e^sinks[h] (a logit whose value is zero)."""
     k = keys.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
     v = values.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
     n, total = q.shape[0], keys.shape[0]
@@ -29,7 +30,12 @@ def reference(q, keys, values, ctx, window=None, softcap=None):
     scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * D**-0.5
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        sink = sinks[:, None, None].expand(-1, n, 1)
+        probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
     return (probs @ v).transpose(0, 1)
 
 
@@ -45,10 +51,16 @@ def _backend(name: str):
 @pytest.mark.parametrize("backend_name", ["torch", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    ("window", "softcap"), [(None, None), (5, None), (None, 0.5), (6, 0.5)], ids=str
+    ("window", "softcap", "with_sinks"),
+    [(None, None, False), (5, None, False), (None, 0.5, False), (6, 0.5, False), (5, None, True)],
+    ids=str,
 )
-def test_short_and_long_queries_equal_plain_attention(backend_name, dtype, window, softcap):
+def test_short_and_long_queries_equal_plain_attention(
+    backend_name, dtype, window, softcap, with_sinks
+):
     g = torch.Generator().manual_seed(0)
+    # sink logits around the scores' own size, so they take a real share of each row
+    sinks = torch.randn(HQ, generator=g) * 2 if with_sinks else None
     qlens = [1, 3, SHORT_QUERY, SHORT_QUERY + 1, 5, 1]
     ctxs = [7, 0, 12, 3, 30, 1]
     num_blocks = 64
@@ -87,14 +99,15 @@ def test_short_and_long_queries_equal_plain_attention(backend_name, dtype, windo
     )
     backend = _backend(backend_name)
     cache, q, k, v = cache.to(dtype), q.to(dtype), k.to(dtype), v.to(dtype)
+    meta = backend.build(meta)
     out = backend.forward(
-        q, k, v, cache, backend.build(meta), D**-0.5, window=window, softcap=softcap
+        q, k, v, cache, meta, D**-0.5, window=window, softcap=softcap, sinks=sinks
     )
     assert out.dtype == dtype
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     start = 0
     for (keys, values), qlen, ctx in zip(kv_per_req, qlens, ctxs):
         keys, values = keys.to(dtype).float(), values.to(dtype).float()
-        want = reference(q[start : start + qlen].float(), keys, values, ctx, window, softcap)
+        want = reference(q[start : start + qlen].float(), keys, values, ctx, window, softcap, sinks)
         torch.testing.assert_close(out[start : start + qlen].float(), want, rtol=tol, atol=tol)
         start += qlen

@@ -52,6 +52,7 @@ class Case:
     graph_plan: bool = False
     window: int | None = None  # a sliding-window layer's W
     softcap: float | None = None  # Gemma 2's score cap
+    sinks: bool = False  # GPT-OSS's sink logit per head (random, seeded)
 
 
 def _random_mixed(seed: int, num_reqs: int, max_ctx: int, **kw) -> Case:
@@ -109,6 +110,8 @@ CPU_CASES = [
     Case("window_graph_split_bf16", (1, 1), (700, 1), 4, 1, 128, dtype="bfloat16",
          window=200, split_kv=True, graph_plan=True),
     Case("softcap_mixed_bf16", (1, 33, 1), (150, 60, 9), 4, 2, dtype="bfloat16", softcap=2.0),
+    Case("sinks_mixed_window", (1, 33, 1, 5), (150, 60, 9, 40), 8, 2, window=24, sinks=True),
+    Case("sinks_split_decodes", (1, 1), (400, 30), 4, 2, split_kv=True, sinks=True),
     Case("softcap_window_split", (1, 1, 9), (300, 64, 9), window=50, softcap=3.0,
          split_kv=True),
     Case("head_dim_96_rotary", (1, 21, 1), (80, 50, 33), 6, 2, 96, rotary=True),
@@ -176,6 +179,10 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
     q, k, v, cache, meta = _make_batch(case, device)
     scale = case.head_dim**-0.5
     rotary = _rotary_tables(case, device) if case.rotary else None
+    sinks = None
+    if case.sinks:
+        g = torch.Generator().manual_seed(case.seed + 1)
+        sinks = (torch.randn(case.num_heads, generator=g) * 2).to(device)
 
     ref_cache = cache.float()
     ref_backend = TorchAttentionBackend()
@@ -189,6 +196,7 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         tuple(c.float() for c in rotary) if rotary else None,
         window=case.window,
         softcap=case.softcap,
+        sinks=sinks,
     )
     # The cache the backend must leave: the step's K (rotated, by PyTorch's ops in the
     # activation dtype) and V copied into their slots.
@@ -210,7 +218,7 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
             len(case.query_lens), torch.device(device), split=bool(case.split_kv)
         )
     out = backend.forward(
-        q, k, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap
+        q, k, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap, sinks=sinks
     )
     if device != "cpu":
         torch.cuda.synchronize()
@@ -386,6 +394,13 @@ GPU_CASES = [
          window=2047, rotary=True),
     Case("phi3_decode64_d96", (1,) * 64, tuple(100 + 60 * i for i in range(64)), 32, 32, 96,
          dtype="bfloat16", window=2047),
+    # GPT-OSS-20B: 64 query heads over 8, head dim 64, sinks, window 128 on alternate layers.
+    Case("gptoss_mixed_sinks_window", (1, 600, 1) + (1,) * 8, (3000, 900, 70) + (500,) * 8,
+         64, 8, 64, dtype="bfloat16", window=128, sinks=True, rotary=True),
+    Case("gptoss_split_b1_sinks", (1,), (8000,), 64, 8, 64, dtype="bfloat16", sinks=True,
+         split_kv=True, split_min_partition=256),
+    Case("gptoss_graph_split_sinks_window", (1, 1), (900, 3), 64, 8, 64, dtype="bfloat16",
+         window=128, sinks=True, split_kv=True, graph_plan=True),
 ]  # fmt: skip
 
 

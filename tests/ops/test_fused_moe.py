@@ -1,7 +1,8 @@
 """The Triton mixture-of-experts kernels (cadence/ops/fused_moe.py, moe_routing.py) equal
 the per-expert torch path (cadence/models/moe.py): random routings with experts that get
 no token and experts that get many, one token (a decode) to many, float32 and 16-bit,
-FP8 experts, and a rank that holds only some of the experts (expert parallelism). On a CPU
+FP8 experts, GPT-OSS's experts (biases, clamped SwiGLU), and a rank that holds only some
+of the experts (expert parallelism). On a CPU
 they run under Triton's interpreter in a child process (TRITON_INTERPRET is read at
 import)."""
 
@@ -97,8 +98,31 @@ def check_all(device: str) -> None:
             want = ref.forward_reference(x, ids, weights)
             got = fused_moe.fused_experts(x, q13, q2, ids, weights, s13, s2)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        check_biased_clamped(device, dtype, tol)
     empty = fused_moe.fused_experts(x[:0], w13, w2, ids[:0], weights[:0])  # no tokens
     assert empty.shape == (0, hidden)
+
+
+def check_biased_clamped(device: str, dtype: torch.dtype, tol: float) -> None:
+    """GPT-OSS's experts: a bias on both GEMMs (the down one before the routing weight) and
+    the clamped gate, with a limit most gate and up values cross."""
+    from cadence.models.moe import FusedExperts, route
+    from cadence.ops import fused_moe
+
+    hidden, inter, num_experts = 48, 40, 8
+    ref = FusedExperts(num_experts, hidden, inter, bias=True, clamped_swiglu=(1.702, 0.3))
+    ref = ref.to(device, dtype)
+    for p in ref.parameters():
+        p.data.normal_(std=0.3)
+    for tokens, top_k in ((1, 2), (9, 3)):
+        x = torch.randn(tokens, hidden, device=device, dtype=dtype)
+        weights, ids = route(torch.randn(tokens, num_experts, device=device), top_k, True)
+        want = ref.forward_reference(x, ids, weights)
+        got = fused_moe.fused_experts(
+            x, ref.w13_weight, ref.w2_weight, ids, weights,
+            w13_bias=ref.w13_bias, w2_bias=ref.w2_bias, clamped=(1.702, 0.3),
+        )  # fmt: skip
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 
 
 def test_fused_moe_under_the_interpreter():

@@ -67,6 +67,7 @@ ZOO_ON_TRITON = [
     "qwen3-moe",
     "olmoe",
     "granite-moe-shared",
+    "gpt-oss",  # attention sinks (kernel B and the split-KV reduce), biased clamped experts
 ]
 
 
