@@ -1,6 +1,7 @@
 """MXFP4 checkpoints (GPT-OSS's release format): the experts' blocks and scales dequantize
 to what transformers' own MXFP4 conversion gives, and a tiny GPT-OSS saved with MXFP4
-experts serves transformers' greedy tokens on the same dequantized weights, in float32."""
+experts serves transformers' greedy tokens on the same dequantized weights, in float32;
+under `--quantization fp8` its experts go on to e4m3 and track the dequantized model."""
 
 from __future__ import annotations
 
@@ -87,5 +88,21 @@ def test_an_mxfp4_gpt_oss_serves_transformers_greedy_tokens(tiny_model_dir, tmp_
 
     llm = LLM(str(dst), dtype="float32", num_gpu_blocks_override=64)
     sampling = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
-    got = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling, use_tqdm=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    got = llm.generate(requests, sampling, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in got] == expected
+
+    # --quantization fp8: MXFP4 -> float -> e4m3 per (expert, row); the biases stay float
+    fp8 = LLM(str(dst), dtype="float32", quantization="fp8", num_gpu_blocks_override=64)
+    experts = fp8.engine.runner.driver.model.layers[0].mlp.experts
+    assert experts.w13_weight.dtype == torch.float8_e4m3fn
+    assert experts.w2_bias.dtype == torch.float32 and experts.w2_bias.abs().sum() > 0
+    # (the tiny model's next-token distribution is nearly flat: its top 5 may reorder, so
+    # the float model's top 5 are looked up among the FP8 model's top 20; its gate weights,
+    # widened so the SwiGLU clamp bites, widen FP8's rounding too: measured up to 0.33)
+    top5 = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5)
+    top20 = SamplingParams(temperature=0.0, max_tokens=1, logprobs=20)
+    want = [o.outputs[0].logprobs[0] for o in llm.generate(requests, top5, use_tqdm=False)]
+    have = [o.outputs[0].logprobs[0] for o in fp8.generate(requests, top20, use_tqdm=False)]
+    for w, h in zip(want, have):
+        assert all(t in h and abs(w[t] - h[t]) < 0.5 for t in w), (w, h)
