@@ -81,6 +81,23 @@ def _gpt_oss_weights(built):
     return config, build
 
 
+def _with_correction_bias(built):
+    """(config, a builder whose routers' correction biases are random: transformers starts
+    them at zero, which would let a dropped one pass)."""
+    config, cls = built
+
+    def build(config):
+        model = cls(config)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0.0, 0.1)
+        return model
+
+    build.__name__ = cls.__name__  # (tests name the architecture by the builder's name)
+    return config, build
+
+
 def _zoo_config(name: str, arch: str, **options):
     """A tiny config of transformers' `name`, three layers (so interleaved layer kinds show),
     the family's distinctive options on."""
@@ -236,6 +253,31 @@ ZOO = {
                 "beta_slow": 1.0,
                 "truncate": False,
                 "original_max_position_embeddings": 16,
+            },
+        )
+    ),
+    # GLM-4.5's MoE (DeepSeek-V3's routing): 8 experts in 2 groups, 1 group eligible per
+    # token, a random correction bias (transformers starts it at zero), a dense first layer.
+    "glm4-moe": lambda: _with_correction_bias(
+        _zoo_config(
+            "Glm4MoeConfig",
+            "Glm4MoeForCausalLM",
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            n_shared_experts=1,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            use_qk_norm=True,
+            attention_bias=True,
+            head_dim=32,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
             },
         )
     ),

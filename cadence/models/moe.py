@@ -3,7 +3,7 @@ experts' SwiGLU MLPs run on the tokens routed to them, and their outputs are sum
 routing weights (plus, in Qwen2-MoE, a shared expert behind a sigmoid gate; GPT-OSS adds
 biases to the router and to every expert GEMM and gates with a clamped SwiGLU).
 
-    SparseMoE        router (replicated Linear hidden -> experts), FusedExperts, shared expert
+    SparseMoE        Router (replicated, hidden -> expert logits), FusedExperts, shared expert
     FusedExperts     every expert's weights stacked: w13_weight [E, 2 * I, H] (gate rows,
                      then up), w2_weight [E, H, I]; under tensor parallelism each rank
                      holds every expert's I / tp columns, as a dense MLP's, or with
@@ -12,6 +12,9 @@ biases to the router and to every expert GEMM and gates with a clamped SwiGLU).
                      output is all-reduced. Under `--quantization fp8` the weights are
                      e4m3 with w13_scale / w2_scale (cadence/quant/fp8_experts.py).
     route()          softmax over the experts in float32, top-k, optional renormalisation
+    route_grouped()  DeepSeek-V3's and GLM-4.5's: sigmoid scores, a correction bias that
+                     steers the choice only, the best groups of experts first, then top-k
+                     among theirs, renormalised and scaled
 
 On the CPU: tokens sorted by expert, one GEMM pair per expert that received any token
 (`forward_reference`); on CUDA the Triton grouped GEMMs of cadence/ops/fused_moe.py.
@@ -53,6 +56,13 @@ class MoEOptions:
     expert_bias: bool = False  # every expert GEMM adds a bias (GPT-OSS)
     clamped_swiglu: tuple[float, float] | None = None  # (alpha, limit): GPT-OSS's gate
     stacked_layout: str = "rows"  # "rows" (transformers 5) | "gpt_oss": see load_stacked
+    # Sigmoid routing (DeepSeek-V3, GLM-4.5; route_grouped): the router in float32 with a
+    # correction bias, experts in num_groups groups of which topk_groups are eligible, the
+    # chosen weights multiplied by routed_scale.
+    scoring: str = "softmax"  # "softmax" | "sigmoid"
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scale: float = 1.0
 
 
 def route(
@@ -73,6 +83,57 @@ def route(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights.to(out_dtype), ids
+
+
+def route_grouped(
+    logits: torch.Tensor,
+    correction: torch.Tensor,
+    top_k: int,
+    num_groups: int,
+    topk_groups: int,
+    renormalize: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, ids [T, k]) from float32 router logits [T, E]: sigmoid
+    scores; each group of E / num_groups experts is ranked by the sum of its two best
+    corrected scores (score + correction [E]); the topk_groups best groups' experts are
+    eligible, and the k best corrected scores among them are chosen. Their uncorrected
+    scores are the weights, renormalised (over a floor of 1e-20) when asked, then scaled.
+    Device ops only (no host sync), so it is captured in CUDA graphs as it is."""
+    scores = logits.float().sigmoid()
+    choice = scores + correction
+    tokens, experts = choice.shape
+    if num_groups > 1:
+        grouped = choice.view(tokens, num_groups, experts // num_groups)
+        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = group_scores.topk(topk_groups, dim=-1, sorted=False).indices
+        eligible = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
+        eligible = eligible[:, :, None].expand_as(grouped).reshape(tokens, experts)
+        choice = choice.masked_fill(~eligible, float("-inf"))
+    ids = choice.topk(top_k, dim=-1, sorted=False).indices
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale, ids
+
+
+class Router(nn.Module):
+    """hidden [T, H] -> expert logits [T, E]. `bias`: the product's bias (GPT-OSS);
+    `float32`: weight and product in float32 with `e_score_correction_bias` [E] for
+    route_grouped (DeepSeek-V3, GLM-4.5 keep their routers in float32)."""
+
+    def __init__(self, hidden: int, num_experts: int, bias: bool, float32: bool) -> None:
+        super().__init__()
+        dtype = torch.float32 if float32 else None
+        self.float32 = float32
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(num_experts, dtype=dtype)) if bias else None
+        self.e_score_correction_bias = None
+        if float32:  # (zeros until loaded)
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float() if self.float32 else x, self.weight, self.bias)
 
 
 class FusedExperts(nn.Module):
@@ -273,7 +334,10 @@ class SparseMoE(nn.Module):
             raise ValueError(f"experts with {activation_of(config)!r} are not supported yet")
         hidden = config.hidden_size
         self.options = options
-        self.gate = nn.Linear(hidden, options.num_experts, bias=options.router_bias)  # router
+        if options.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"unknown expert scoring {options.scoring!r}")
+        sigmoid = options.scoring == "sigmoid"
+        self.gate = Router(hidden, options.num_experts, options.router_bias, float32=sigmoid)
         self.experts = FusedExperts(
             options.num_experts,
             hidden,
@@ -296,7 +360,21 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         opts = self.options
         dtype = torch.float32 if opts.float32_weights else x.dtype
-        weights, ids = route(self.gate(x), opts.top_k, opts.renormalize, dtype)
+        logits = self.gate(x)
+        if opts.scoring == "sigmoid":
+            correction = self.gate.e_score_correction_bias
+            weights, ids = route_grouped(
+                logits,
+                correction,
+                opts.top_k,
+                opts.num_groups,
+                opts.topk_groups,
+                opts.renormalize,
+                opts.routed_scale,
+            )
+            weights = weights.to(dtype)
+        else:
+            weights, ids = route(logits, opts.top_k, opts.renormalize, dtype)
         out = all_reduce(self.experts(x, ids, weights))
         if self.shared_expert is not None:
             shared = self.shared_expert(self.shared_expert.gate_up_proj(x))

@@ -126,7 +126,7 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
         for what in module.missing()
     ]
     for name in params:
-        if name.rpartition(".")[2] not in ("weight", "bias", "sinks"):
+        if name.rpartition(".")[2] not in ("weight", "bias", "sinks", "e_score_correction_bias"):
             continue  # a format's optional extras (scales) default where absent
         owner = modules[name.rpartition(".")[0]]
         shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1

@@ -136,3 +136,30 @@ def test_fp8_experts_are_e4m3_per_row_and_track_the_16bit_ones():
     got = fp8(x, ids, weights)
     assert (got - want).abs().max() < 0.08 * want.abs().max()  # e4m3: 3 mantissa bits
     assert not torch.equal(got, want)
+
+
+def test_grouped_sigmoid_routing_equals_transformers_router():
+    """DeepSeek-V3's routing as GLM-4.5's router in transformers does it: 16 experts in 4
+    groups, 2 groups eligible, a correction bias that steers the choice only."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+
+    from cadence.models.moe import route_grouped
+
+    config = Glm4MoeConfig(
+        hidden_size=H, n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
+        routed_scaling_factor=1.8, norm_topk_prob=True,
+    )  # fmt: skip
+    torch.manual_seed(3)
+    router = Glm4MoeTopkRouter(config)
+    router.weight.data.normal_()
+    router.e_score_correction_bias.normal_(0.0, 0.3)
+    x = torch.randn(33, H)
+    _, want_w, want_ids = router(x)
+    logits = F.linear(x, router.weight)
+    got_w, got_ids = route_grouped(logits, router.e_score_correction_bias, 3, 4, 2, True, 1.8)
+    order_want, order_got = want_ids.sort(-1), got_ids.sort(-1)
+    assert torch.equal(order_want.values, order_got.values)
+    torch.testing.assert_close(
+        got_w.gather(1, order_got.indices), want_w.gather(1, order_want.indices)
+    )

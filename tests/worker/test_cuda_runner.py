@@ -68,6 +68,7 @@ ZOO_ON_TRITON = [
     "olmoe",
     "granite-moe-shared",
     "gpt-oss",  # attention sinks (kernel B and the split-KV reduce), biased clamped experts
+    "glm4-moe",  # DeepSeek-V3's grouped sigmoid routing (torch ops) inside the graphs
 ]
 
 
