@@ -35,6 +35,7 @@ from cadence.layers.linear import ColumnParallelLinear, ColumnShard, RowParallel
 from cadence.layers.norm import HeadLayerNorm, RMSNorm
 from cadence.layers.rotary import apply_rotary
 from cadence.models.fused import batch1_gemv
+from cadence.quant.base import shape_of
 
 
 @dataclass(frozen=True)
@@ -154,11 +155,11 @@ class Attention(nn.Module):
         """A checkpoint's `sinks` [total heads]: this rank's heads of it."""
         if kind != "sinks" or self.sinks is None:
             raise ValueError(f"unexpected attention weight {kind!r}")
-        first = get_tp().rank * self.num_heads
-        rows = source[first : first + self.num_heads]
-        if tuple(rows.shape) != (self.num_heads,):
-            raise ValueError(f"sinks: checkpoint shape {tuple(rows.shape)} does not fit")
-        self.sinks.data.copy_(rows)
+        tp = get_tp()
+        if shape_of(source) != (self.num_heads * tp.size,):
+            raise ValueError(f"sinks: checkpoint shape {shape_of(source)} does not fit")
+        first = tp.rank * self.num_heads
+        self.sinks.data.copy_(source[first : first + self.num_heads])
 
 
 def _check_backend(backend: AttentionBackend, options: AttentionOptions) -> None:
@@ -171,7 +172,7 @@ def _check_backend(backend: AttentionBackend, options: AttentionOptions) -> None
         if needed and not has:
             raise ValueError(
                 f"this model needs {what}, which the {backend.name} attention backend "
-                "does not do yet (the torch and cpu backends do)"
+                "does not do yet (the torch, cpu and triton backends do)"
             )
 
 

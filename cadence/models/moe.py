@@ -98,7 +98,7 @@ def route_grouped(
     scores; each group of E / num_groups experts is ranked by the sum of its two best
     corrected scores (score + correction [E]); the topk_groups best groups' experts are
     eligible, and the k best corrected scores among them are chosen. Their uncorrected
-    scores are the weights, renormalised (over a floor of 1e-20) when asked, then scaled.
+    scores are the weights, renormalised (over their sum + 1e-20) when asked, then scaled.
     Device ops only (no host sync), so it is captured in CUDA graphs as it is."""
     scores = logits.float().sigmoid()
     choice = scores + correction
@@ -215,20 +215,23 @@ class FusedExperts(nn.Module):
                 bias = source[expert]
                 self._fill(("w2_bias", None), bias if lo == 0 else torch.zeros_like(bias), expert)
                 continue
-            if piece == "down_proj":
-                rows = source[expert][lo:hi].t() if gpt_oss else source[expert, :, lo:hi]
+            if piece == "down_proj":  # "rows": [E, H, I]; "gpt_oss": [E, I, H]
+                rows = source[expert, lo:hi].t() if gpt_oss else source[expert, :, lo:hi]
                 self._fill(("w2", None), rows, expert)
                 continue
             name = "w13_bias" if is_bias else "w13"
-            whole = shape[-1] // 2 if gpt_oss or is_bias else shape[1] // 2
-            if gpt_oss:  # gate in even columns, up in odd ones
-                mine = torch.as_tensor(source[expert])
-                mine = mine.t() if not is_bias else mine
-                gate, up = mine[0::2], mine[1::2]
-            else:
-                gate, up = source[expert][:whole], source[expert][whole:]
-            self._fill((name, 0), gate[lo:hi], expert)
-            self._fill((name, 1), up[lo:hi], expert)
+            if gpt_oss:  # gate in even columns, up in odd ones: this rank's are [2 lo, 2 hi)
+                mine = (
+                    source[expert, 2 * lo : 2 * hi]
+                    if is_bias
+                    else source[expert, :, 2 * lo : 2 * hi].t()
+                )
+                self._fill((name, 0), mine[0::2], expert)
+                self._fill((name, 1), mine[1::2], expert)
+                continue
+            whole = shape[1] // 2  # gate rows, then up (a bias [E, 2I] alike)
+            self._fill((name, 0), source[expert, lo:hi], expert)
+            self._fill((name, 1), source[expert, whole + lo : whole + hi], expert)
 
     def _fill(self, part: tuple[str, int | None], rows, expert: int) -> None:
         """Copy this rank's rows of one expert's gate (w13, 0), up (w13, 1) or down (w2,

@@ -5,9 +5,9 @@ values a byte, the low nibble first), and `<name>_scales`, uint8 [..., rows, col
 (a power-of-two exponent biased by 127, one per 32 values); every other weight is plain
 bf16 (config.json's quantization_config: `{"quant_method": "mxfp4", ...}`). The pairs
 become `<name>` in the model's dtype, in transformers' dense layout for the family
-(GPT-OSS: [E, in, out], the transpose of the stored rows), so the model loads them as a
-bf16 checkpoint's; under `--quantization fp8` the experts are then quantized per row as
-any 16-bit checkpoint's are.
+(GPT-OSS: [E, in, out], the transpose of the stored rows), read one expert at a time, so
+the model loads them as a bf16 checkpoint's; under `--quantization fp8` the experts are
+then quantized per row as any 16-bit checkpoint's are.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
+
+from cadence.quant.base import shape_of
 
 # e2m1: sign, 2 exponent bits, 1 mantissa bit, by the nibble's value
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -50,12 +52,40 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -
     return out
 
 
+class Dequantized:
+    """One stacked MXFP4 expert weight, `[E, cols, rows]` (transformers' dense layout for
+    GPT-OSS), dequantized one expert at a time as it is indexed (`w[e]`, `w[e, a:b]`,
+    `w[e, :, a:b]`): a rank reads and widens only its own experts, and the temporaries
+    stay one expert's. `blocks` and `scales` may be tensors or safetensors slices."""
+
+    def __init__(self, blocks, scales, dtype: torch.dtype, device: torch.device) -> None:
+        shape = shape_of(blocks)
+        if len(shape) != 4 or shape_of(scales) != shape[:-1] or shape[-1] != 16:
+            raise ValueError(
+                f"MXFP4 blocks {shape} and scales {shape_of(scales)}: only stacked experts "
+                "[E, rows, cols / 32, 16] are supported"
+            )
+        self.blocks, self.scales, self.dtype, self.device = blocks, scales, dtype, device
+        self.shape = (shape[0], shape[2] * 32, shape[1])
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        expert, rest = index[0], index[1:]
+        if not isinstance(expert, int):
+            raise TypeError("an MXFP4 weight is read one expert at a time")
+        blocks, scales = (
+            torch.as_tensor(t[expert]).to(self.device) for t in (self.blocks, self.scales)
+        )
+        return dequantize(blocks, scales, self.dtype).t()[rest]
+
+
 def dequantized(
     weights: Iterable[tuple[str, object]], dtype: torch.dtype, device: torch.device
 ) -> Iterator[tuple[str, object]]:
     """The checkpoint's (name, tensor) pairs with each MXFP4 pair of `<name>_blocks` and
-    `<name>_scales` replaced by `<name>` dequantized on `device`, transposed to [..., cols,
-    rows] (a view); other tensors pass through. Raises where a pair is incomplete."""
+    `<name>_scales` replaced by `<name>`, a `Dequantized` view on `device`; other tensors
+    pass through. Raises where a pair is incomplete. (A pair split across shard files is
+    held until both arrive: safetensors slices stay readable after their file closes.)"""
     pending: dict[str, dict[str, object]] = {}
     for name, source in weights:
         suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
@@ -68,7 +98,6 @@ def dequantized(
         if len(parts) < 2:
             continue
         del pending[base]
-        blocks, scales = (torch.as_tensor(parts[s][:]).to(device) for s in SUFFIXES)
-        yield base, dequantize(blocks, scales, dtype).transpose(-1, -2)
+        yield base, Dequantized(parts["_blocks"], parts["_scales"], dtype, device)
     if pending:
         raise ValueError(f"MXFP4 weights lack their blocks or scales: {sorted(pending)[:3]}")

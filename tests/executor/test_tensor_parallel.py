@@ -21,7 +21,8 @@ from cadence import LLM, SamplingParams
 def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_model):
     # llama-mqa has one KV head: both ranks hold a replica of it. gemma2's local and global
     # layers keep a block list per KV group: every rank's tables follow the same groups.
-    # qwen2-moe: each rank holds half of every expert's columns (and of the shared one's).
+    # qwen2-moe: each rank holds half of every expert's columns (and of the shared one's),
+    # or with expert parallelism half of the experts (the shared one split by columns).
     # gpt-oss: each rank its heads' sinks and half of every expert's columns, the down
     # bias added by one rank only; with expert parallelism half of the experts, each with
     # its own biases.
@@ -34,11 +35,12 @@ def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_mode
         assert type(two.engine.runner).__name__ == "MultiprocExecutor"
         assert two.engine.runner.driver.model.layers[0].self_attn.num_heads == 2  # 4 heads / 2
         assert greedy(two, prompts) == expected
-    if kind == "gpt-oss":  # --enable-expert-parallel: each rank holds 4 whole experts
+    if kind in ("qwen2-moe", "gpt-oss"):  # --enable-expert-parallel: 4 whole experts a rank
         with LLM(path, tensor_parallel_size=2, enable_expert_parallel=True, **CPU) as ep:
             experts = ep.engine.runner.driver.model.layers[0].mlp.experts
             assert (experts.num_local, experts.first_expert) == (4, 0)
-            assert experts.w13_weight.shape[1] == 2 * 128  # every column of its experts
+            width = {"qwen2-moe": 48, "gpt-oss": 128}[kind]
+            assert experts.w13_weight.shape[1] == 2 * width  # every column of its experts
             assert greedy(ep, prompts) == expected
 
 

@@ -40,7 +40,14 @@ def test_dequantizing_equals_transformers_conversion():
     scales = torch.randint(110, 140, (3, 10, 4), dtype=torch.uint8, generator=g)
     ours = mxfp4.dequantize(blocks, scales, torch.float32)
     assert ours.shape == (3, 10, 128)
-    torch.testing.assert_close(ours.transpose(1, 2), convert(blocks, scales, dtype=torch.float32))
+    theirs = convert(blocks, scales, dtype=torch.float32)  # [E, cols, rows]
+    torch.testing.assert_close(ours.transpose(1, 2), theirs)
+    # as the loader reads it: one expert at a time, in transformers' layout
+    lazy = mxfp4.Dequantized(blocks, scales, torch.float32, torch.device("cpu"))
+    assert lazy.shape == theirs.shape
+    torch.testing.assert_close(lazy[1], theirs[1])
+    torch.testing.assert_close(lazy[2, :, 3:7], theirs[2, :, 3:7])
+    torch.testing.assert_close(lazy[0, 5:9], theirs[0, 5:9])
     # and what the test's encoder writes reads back within e2m1's rounding
     w = torch.randn(2, 8, 64, generator=g)
     back = mxfp4.dequantize(*quantize(w), torch.float32)
