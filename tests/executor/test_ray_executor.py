@@ -10,9 +10,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from tp_helpers import hf_reference, prompts_for
 
 
+@pytest.mark.slow  # starts a Ray instance and a rank of its own
 def test_ray_executor_equals_transformers(tiny_model_dir, hf_model):
     path = tiny_model_dir("qwen3")
     prompts = prompts_for(path)
@@ -32,7 +34,17 @@ def test_ray_executor_equals_transformers(tiny_model_dir, hf_model):
         print("RESULT " + json.dumps([kind, [list(o.outputs[0].token_ids) for o in outs]]))
         """
     )
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_DISABLE_IMPORT_WARNING": "1"}
+    env = {
+        **os.environ,
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_DISABLE_IMPORT_WARNING": "1",
+        # Ray runs its workers at nice 15: beside the other test workers' busy cores rank 1
+        # and the placeholder got a few percent of a core (3.5 min instead of 40 s on 2).
+        "RAY_worker_niceness": "0",
+        # Nor start idle workers for the driver: the actors get workers of their own.
+        "RAY_prestart_worker_first_driver": "0",
+        "RAY_enable_worker_prestart": "0",
+    }
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=240, env=env
     )

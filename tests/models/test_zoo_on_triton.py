@@ -32,6 +32,7 @@ def triton_tokens(tiny_model_dir) -> dict:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow  # whole engines under Triton's interpreter
 def test_zoo_on_the_triton_kernels_equals_transformers(
     kind, tiny_model_dir, hf_model, triton_tokens
 ):
@@ -46,8 +47,12 @@ def test_zoo_on_the_triton_kernels_equals_transformers(
 def _child(paths: dict[str, str]) -> None:
     import torch
 
+    import cadence.worker.model_runner
     from cadence import LLM, SamplingParams
 
+    # No start-up warm-up (every kernel variant launched once: seconds of interpreted
+    # kernels that check nothing here); tests/worker/test_warmup.py checks it.
+    cadence.worker.model_runner.warm_up = lambda runner: 0.0
     torch.set_num_threads(1)
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     prompts = [{"prompt_token_ids": p} for p in make_prompts(512, LENGTHS, seed=11)]

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from engine_helpers import arm, wait_exit, wait_gone
 from model_helpers import make_prompts
-from server_helper import Server
+from server_helper import Server, worker_threads
 
 from cadence.config import EngineConfig
 from cadence.engine.core import EngineCore
@@ -278,7 +278,10 @@ def test_a_finished_request_whose_reader_is_slow_is_no_stall(tiny_model_dir):
 
     async def scenario() -> bool:
         config = EngineConfig.from_kwargs(
-            model=tiny_model_dir("llama"), num_gpu_blocks_override=64, max_model_len=512
+            model=tiny_model_dir("llama"),
+            num_gpu_blocks_override=64,
+            max_model_len=512,
+            cpu_threads=worker_threads(),  # the worker's share of the cores, as served
         )
         client = AsyncEngineClient(config, None, stall_timeout=0.5)
         await client.start()

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import zmq
 from engine_helpers import process_alive, wait_gone
-from server_helper import Server
+from server_helper import Server, worker_threads
 
 from cadence.config import EngineConfig
 from cadence.core.scheduler_output import SchedulerStats
@@ -72,7 +72,10 @@ def test_sigkilling_the_api_server_mid_stream_takes_the_engine_with_it(tiny_mode
 
 
 # A server stand-in that starts its engine client from a thread that is not the main one:
-# no parent-death signal then, the engine must notice by itself.
+# no parent-death signal then, the engine must notice by itself. Its engine takes the test
+# worker's share of the cores, as a served one does (tests/server_helper.py): by default it
+# would pin a thread to every core, and beside the other test workers its steps (start-up
+# included) would crawl.
 CLIENT_IN_A_THREAD = r"""
 import asyncio, sys, threading
 from cadence.config import EngineConfig
@@ -81,7 +84,8 @@ from cadence.sampling_params import SamplingParams
 
 async def serve(busy):
     config = EngineConfig.from_kwargs(
-        model=sys.argv[1], num_gpu_blocks_override=256, max_model_len=512, max_num_seqs=1
+        model=sys.argv[1], num_gpu_blocks_override=256, max_model_len=512, max_num_seqs=1,
+        cpu_threads=int(sys.argv[3]),
     )
     client = AsyncEngineClient(config, None)
     await client.start()
@@ -109,7 +113,7 @@ def test_an_engine_spawned_off_the_main_thread_still_dies_with_its_server(
     script = tmp_path / "server.py"
     script.write_text(CLIENT_IN_A_THREAD)
     proc = subprocess.Popen(
-        [sys.executable, str(script), tiny_model_dir("llama"), state],
+        [sys.executable, str(script), tiny_model_dir("llama"), state, str(worker_threads())],
         stdout=subprocess.PIPE,
         text=True,
     )

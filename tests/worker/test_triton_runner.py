@@ -13,13 +13,22 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+# Both engines are built without the start-up warm-up: it launches every kernel variant
+# once, which interpreted costs about a minute per engine and adds nothing to what is
+# checked here (tests/worker/test_warmup.py builds an engine with it and checks what it
+# launches).
+NO_WARM_UP = """
+import cadence.worker.model_runner
+cadence.worker.model_runner.warm_up = lambda runner: 0.0
+"""
+
 CHECK = """
 import sys, zlib, tempfile
 sys.path.insert(0, {tests!r})
 import torch
 from model_helpers import build_tiny, make_prompts, hf_greedy
 from cadence import LLM, SamplingParams
-
+{no_warm_up}
 config, cls = build_tiny("llama")
 torch.manual_seed(zlib.crc32(b"llama"))
 model = cls(config).eval()
@@ -40,7 +49,8 @@ assert got == expected, (got, expected)
 
 # A prompt past split_min_context decodes split-KV, alone and beside a short one, after a
 # chunked prefill. The thresholds are scaled down (1024 -> 64 keys, partitions 256 -> 16):
-# the same path, at a length Triton's interpreter runs in seconds, not a minute.
+# the same path, at a length Triton's interpreter runs in seconds, not a minute. (By
+# keyword: the backend's constructor has gained parameters after these two.)
 LONG_CHECK = """
 import sys, zlib, tempfile
 sys.path.insert(0, {tests!r})
@@ -48,9 +58,15 @@ import torch
 from model_helpers import build_tiny, make_prompts, hf_greedy
 from cadence import LLM, SamplingParams
 from cadence.attention.triton_paged import TritonAttentionBackend
+{no_warm_up}
+init = TritonAttentionBackend.__init__
 
-defaults = TritonAttentionBackend.__init__.__defaults__  # (..., min_partition, min_context)
-TritonAttentionBackend.__init__.__defaults__ = (*defaults[:-2], 16, 64)
+def scaled_down(self, *args, **kwargs):
+    kwargs.setdefault("split_min_partition", 16)
+    kwargs.setdefault("split_min_context", 64)
+    init(self, *args, **kwargs)
+
+TritonAttentionBackend.__init__ = scaled_down
 
 config, cls = build_tiny("llama-long")
 torch.manual_seed(zlib.crc32(b"llama-long"))
@@ -63,6 +79,7 @@ llm = LLM(path, dtype="float32", attention_backend="triton", num_gpu_blocks_over
           max_num_batched_tokens=512)
 splits = []
 backend = llm.engine.runner.driver.backend
+assert (backend.split_min_partition, backend.split_min_context) == (16, 64)
 build = backend.build
 backend.build = lambda meta: splits.append(build(meta).backend_data.split_req.numel()) or meta
 params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -83,11 +100,12 @@ assert max(splits) >= 1, splits
     ],
     ids=["mixed", "long_split_kv"],
 )
+@pytest.mark.slow  # a whole engine under Triton's interpreter
 def test_triton_backend_in_the_engine_under_the_interpreter(script):
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", script.format(tests=tests)],
+        [sys.executable, "-c", script.format(tests=tests, no_warm_up=NO_WARM_UP)],
         env=env,
         capture_output=True,
         text=True,

@@ -57,6 +57,7 @@ print(json.dumps({{
 """
 
 
+@pytest.mark.slow  # a whole engine under Triton's interpreter
 def test_no_kernel_variant_appears_after_warm_up():
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
