@@ -58,44 +58,41 @@ ARCHS = ["llama", "llama-tied", "mistral", "qwen2", "qwen3"]
 WINDOW = 8  # the zoo's sliding windows: shorter than most test prompts
 
 
-def _gpt_oss_weights(built):
-    """(config, a builder of the model whose biases and sinks are random and whose gate/up
-    weights are wide enough that the SwiGLU clamp at its usual 7.0 bites): transformers
-    starts GPT-OSS's biases at zero (a dropped one would pass) and its sinks near it. (The
-    limit stays 7.0: transformers 5.17 ignores the config's swiglu_limit.)"""
+def _adjusted(built, adjust):
+    """(config, a builder of the model that then calls adjust(name, tensor) on each of its
+    parameters and buffers, under no_grad): for what transformers initialises too tamely to
+    test (zero biases)."""
     config, cls = built
 
     def build(config):
         model = cls(config)
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith("bias"):
-                    p.normal_(0.0, 0.1)
-                elif name.endswith("sinks"):
-                    p.normal_(0.0, 1.0)
-                elif name.endswith("gate_up_proj"):
-                    p.mul_(12.0)
+            for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+                adjust(name, tensor)
         return model
 
     build.__name__ = cls.__name__  # (tests name the architecture by the builder's name)
     return config, build
 
 
-def _with_correction_bias(built):
-    """(config, a builder whose routers' correction biases are random: transformers starts
-    them at zero, which would let a dropped one pass)."""
-    config, cls = built
+def _gpt_oss_weights(name: str, tensor: torch.Tensor) -> None:
+    """Random biases and sinks (transformers starts the biases at zero, so a dropped one
+    would pass, and the sinks near it), and gate/up weights wide enough that the SwiGLU
+    clamp at its usual 7.0 bites (the limit stays 7.0: transformers 5.17 ignores the
+    config's swiglu_limit)."""
+    if name.endswith("bias"):
+        tensor.normal_(0.0, 0.1)
+    elif name.endswith("sinks"):
+        tensor.normal_(0.0, 1.0)
+    elif name.endswith("gate_up_proj"):
+        tensor.mul_(12.0)
 
-    def build(config):
-        model = cls(config)
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    b.normal_(0.0, 0.1)
-        return model
 
-    build.__name__ = cls.__name__  # (tests name the architecture by the builder's name)
-    return config, build
+def _correction_bias(name: str, tensor: torch.Tensor) -> None:
+    """Random router correction biases (transformers starts them at zero, which would let
+    a dropped one pass)."""
+    if name.endswith("e_score_correction_bias"):
+        tensor.normal_(0.0, 0.1)
 
 
 def _zoo_config(name: str, arch: str, **options):
@@ -237,7 +234,7 @@ ZOO = {
     ),
     # GPT-OSS: sinks, alternating windows, YaRN (factor 32 over a 16-token original context,
     # so it acts within the tiny model's 512), biases everywhere, a clamp that bites.
-    "gpt-oss": lambda: _gpt_oss_weights(
+    "gpt-oss": lambda: _adjusted(
         _zoo_config(
             "GptOssConfig",
             "GptOssForCausalLM",
@@ -254,11 +251,12 @@ ZOO = {
                 "truncate": False,
                 "original_max_position_embeddings": 16,
             },
-        )
+        ),
+        _gpt_oss_weights,
     ),
     # GLM-4.5's MoE (DeepSeek-V3's routing): 8 experts in 2 groups, 1 group eligible per
     # token, a random correction bias (transformers starts it at zero), a dense first layer.
-    "glm4-moe": lambda: _with_correction_bias(
+    "glm4-moe": lambda: _adjusted(
         _zoo_config(
             "Glm4MoeConfig",
             "Glm4MoeForCausalLM",
@@ -279,7 +277,8 @@ ZOO = {
                 "rope_theta": 10000.0,
                 "partial_rotary_factor": 0.5,
             },
-        )
+        ),
+        _correction_bias,
     ),
     "granite-moe-shared": lambda: _zoo_config(
         "GraniteMoeSharedConfig",
