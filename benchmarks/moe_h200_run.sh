@@ -9,6 +9,9 @@
 #   PARTS="qwen1 qwen1-fp8"     batch 1 alone
 #   PARTS="gptoss gptoss-fp8 gptoss-start"   GPT-OSS-20B's shape (bf16 experts, as its MXFP4
 #                              checkpoint dequantizes at load): batch 1 and 64, FP8, start
+#   PARTS="mla-tests deepseek deepseek-fp8 deepseek-tput deepseek-start"   DeepSeek-V2-Lite's
+#                              shape: the latent-attention GPU tests, batch 1 and 64,
+#                              FP8, 256 x 1,024 -> 256, start
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -84,4 +87,12 @@ has mixtral-tput && tput mixtral mixtral-8x7b
 has gptoss && { lat gptoss gpt-oss-20b 1; lat gptoss gpt-oss-20b 64; }
 has gptoss-fp8 && { lat gptoss_fp8 gpt-oss-20b 1 --quantization fp8; lat gptoss_fp8 gpt-oss-20b 64 --quantization fp8; }
 has gptoss-start && start_time gpt-oss-20b GPT-OSS-20B
+if has mla-tests; then
+  python3 -m pytest -q -m gpu tests/attention/test_triton_mla.py tests/worker/test_cuda_runner.py \
+    -k "mla or latent or deepseek" -p no:cacheprovider 2>&1 | tail -6 | tee -a "$LOG"
+fi
+has deepseek && { lat deepseek deepseek-v2-lite 1; lat deepseek deepseek-v2-lite 64; }
+has deepseek-fp8 && { lat deepseek_fp8 deepseek-v2-lite 1 --quantization fp8; lat deepseek_fp8 deepseek-v2-lite 64 --quantization fp8; }
+has deepseek-tput && tput deepseek deepseek-v2-lite
+has deepseek-start && start_time deepseek-v2-lite DeepSeek-V2-Lite
 exit 0

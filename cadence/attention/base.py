@@ -109,6 +109,22 @@ class AttentionBackend(abc.ABC):
         nothing (so a row's weights may sum to less than 1). Each only where the backend's
         capabilities say so (the model checks when it is built)."""
 
+    def forward_latent(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]: each head's absorbed query (latent dims, then rope)
+        latent: torch.Tensor,  # [T, 1, D]: each token's latent, the one key every head reads
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, 1, D], both halves one tensor
+        meta: AttentionMetadata,
+        scale: float,
+        value_dim: int,
+    ) -> torch.Tensor:  # [T, Hq, value_dim]
+        """Multi-head latent attention (models/mla.py): write `latent` into its slots, then
+        attend every query head to the latents of its context, the latent's first
+        `value_dim` dims being the value. Here as one-head attention with K = V = latent,
+        keeping the output's first value_dim dims; a backend with a kernel of its own
+        overrides it."""
+        return self.forward(q, latent, latent, kv_cache, meta, scale)[..., :value_dim]
+
     # ---- capabilities (see BackendCapabilities) ----------------------------------------
 
     def decode_plan(self, num_reqs: int, device: torch.device, split: bool = False):

@@ -2,7 +2,8 @@
 
 The kernels live in triton_write_kv.py (A), triton_kernels.py (B) and triton_split_kv.py
 (C); this module plans a step (build, once a step) and launches them (forward, once a
-layer):
+layer). Latent attention (DeepSeek's; forward_latent) runs A, then triton_mla.py's kernel
+over B's plan.
 
   A  write_kv_kernel         grid (T,)
      one program per new token: rotate its q heads in place (rotary, rotate-half layout)
@@ -60,7 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cadence.attention import triton_split_kv
+from cadence.attention import triton_mla, triton_split_kv
 from cadence.attention.base import (
     AttentionBackend,
     AttentionMetadata,
@@ -68,7 +69,7 @@ from cadence.attention.base import (
     is_fp8,
 )
 from cadence.attention.triton_kernels import NO_WINDOW, paged_attention_kernel
-from cadence.attention.triton_write_kv import write_kv_kernel
+from cadence.attention.triton_write_kv import write_kv
 from cadence.ops.fused import pdl
 
 LOG2E = 1.4426950408889634
@@ -318,47 +319,23 @@ class TritonAttentionBackend(AttentionBackend):
         """Kernel A: copy each token's K/V rows into its slot (a slot < 0 is skipped). With
         `rotary` (cos, sin [T, 1, D]), q is rotated in place and k on its way to the cache,
         in the same launch. An FP8 cache stores k / k_scale and v / v_scale, saturated."""
-        num_tokens, num_kv_heads, head_dim = k.shape
-        if num_tokens == 0:
-            return
-        if rotary is not None:
-            cos, sin = (c.reshape(num_tokens, head_dim) for c in rotary)
-        else:
-            q, cos, sin = k, k, k  # unused pointers
-        write_kv_kernel[(num_tokens,)](
-            q,
-            k,
-            v,
-            kv_cache,
-            slot_mapping,
-            cos,
-            sin,
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            cos.stride(0),
-            kv_cache.stride(0),
-            kv_cache.stride(1),
-            kv_cache.stride(2),
-            kv_cache.stride(3),
-            q.shape[1],
-            num_kv_heads,
-            1.0 / kv_scale[0],
-            1.0 / kv_scale[1],
-            BLOCK_SIZE=kv_cache.shape[2],
-            HALF=head_dim // 2,
-            HALF_PAD=_next_pow2(head_dim // 2),
-            BLOCK_H=_next_pow2(num_kv_heads),
-            BLOCK_HQ=min(8, _next_pow2(q.shape[1])),
-            ROTARY=rotary is not None,
-            SCALED=is_fp8(kv_cache.dtype),
-            EXACT_ROUND=_INTERPRETER and is_fp8(kv_cache.dtype),
-            PDL=pdl(k.device),
-            launch_pdl=pdl(k.device),
-        )
+        write_kv(k, v, kv_cache, slot_mapping, q, rotary, kv_scale)
+
+    def forward_latent(
+        self,
+        q: torch.Tensor,
+        latent: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        value_dim: int,
+    ) -> torch.Tensor:
+        """Kernel A writes the latents (into both cache halves: one tensor), then
+        triton_mla's kernels attend over kernel B's plan (a latent model's backend is
+        built without split-KV, whose decodes kernel B's plan leaves out)."""
+        self.write_kv(latent, latent, kv_cache, meta.slot_mapping)
+        sms = self._sm_count(q.device)
+        return triton_mla.mla_attention(q, kv_cache[0], value_dim, meta, scale, sms)
 
     def forward(
         self,

@@ -1,13 +1,19 @@
-"""Kernel A of the Triton paged-attention backend (planned and launched in
-triton_paged.py): rotate q in place and write the step's rotated K and V into their cache
-slots, scaled and rounded to e4m3 for an FP8 cache."""
+"""Kernel A of the Triton paged-attention backend (planned in triton_paged.py) and its
+launch: rotate q in place and write the step's rotated K and V into their cache slots,
+scaled and rounded to e4m3 for an FP8 cache."""
 
 from __future__ import annotations
 
+import os
+
+import torch
 import triton
 import triton.language as tl
 
-from cadence.ops.fused import gdc_wait, rotate_half_rows
+from cadence.attention.base import is_fp8
+from cadence.ops.fused import gdc_wait, pdl, rotate_half_rows
+
+_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # as triton reads it
 
 # ---------------------------------------------------------------------------------------
 # Kernel A: write the step's K/V into the cache.
@@ -117,3 +123,56 @@ def write_kv_kernel(
         tl.store(dst + HALF, k2.to(out_t), mask=mask)
         tl.store(dst + stride_ckv, v1.to(out_t), mask=mask)
         tl.store(dst + stride_ckv + HALF, v2.to(out_t), mask=mask)
+
+
+def write_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q: torch.Tensor | None = None,
+    rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kv_scale: tuple[float, float] = (1.0, 1.0),
+) -> None:
+    """Launch kernel A (see TritonAttentionBackend.write_kv)."""
+    num_tokens, num_kv_heads, head_dim = k.shape
+    if num_tokens == 0:
+        return
+    if rotary is not None:
+        cos, sin = (c.reshape(num_tokens, head_dim) for c in rotary)
+    else:
+        q, cos, sin = k, k, k  # unused pointers
+    write_kv_kernel[(num_tokens,)](
+        q,
+        k,
+        v,
+        kv_cache,
+        slot_mapping,
+        cos,
+        sin,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        cos.stride(0),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        q.shape[1],
+        num_kv_heads,
+        1.0 / kv_scale[0],
+        1.0 / kv_scale[1],
+        BLOCK_SIZE=kv_cache.shape[2],
+        HALF=head_dim // 2,
+        HALF_PAD=triton.next_power_of_2(head_dim // 2),
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_HQ=min(8, triton.next_power_of_2(q.shape[1])),
+        ROTARY=rotary is not None,
+        SCALED=is_fp8(kv_cache.dtype),
+        EXACT_ROUND=_INTERPRETER and is_fp8(kv_cache.dtype),
+        PDL=pdl(k.device),
+        launch_pdl=pdl(k.device),
+    )

@@ -41,6 +41,11 @@ class KVLayers:
     records (`engine_point`), so a transfer never holds up the engine's own kernels."""
 
     def __init__(self, kv_caches: list[torch.Tensor], block_size: int) -> None:
+        if any(c.shape[0] != 2 for c in kv_caches):
+            raise ValueError(
+                "KV transfer moves K/V caches; this model caches a latent (multi-head latent "
+                "attention), which disaggregated serving does not move yet"
+            )
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = kv_caches[0].device

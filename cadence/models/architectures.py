@@ -9,6 +9,8 @@ from __future__ import annotations
 ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Cohere2ForCausalLM": ("cohere", "Cohere2ForCausalLM"),
     "CohereForCausalLM": ("cohere", "CohereForCausalLM"),
+    "DeepseekV2ForCausalLM": ("deepseek", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("deepseek", "DeepseekV3ForCausalLM"),
     "Gemma2ForCausalLM": ("gemma", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma", "Gemma3ForCausalLM"),
     "GemmaForCausalLM": ("gemma", "GemmaForCausalLM"),
@@ -37,6 +39,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
 BY_MODEL_TYPE: dict[str, str] = {
     "cohere": "CohereForCausalLM",
     "cohere2": "Cohere2ForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
     "gemma": "GemmaForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",

@@ -124,7 +124,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         rotary = cos_sin[self.rotary_kind] if self.rotary_dim else None
         if rotary is not None and self.rotary_interleaved:
-            q, k = _rotate_interleaved(q, k, rotary, self.rotary_dim)
+            q, k = rotate_interleaved(q, k, rotary, self.rotary_dim)
             rotary = None
         elif rotary is not None and self.rotary_dim < self.head_dim:
             q, k = _rotate_leading(q, k, rotary, self.rotary_dim)
@@ -184,7 +184,7 @@ def _rotate_leading(q, k, cos_sin, dims: int):
     return torch.cat((qr, qp), dim=-1), torch.cat((kr, kp), dim=-1)
 
 
-def _rotate_interleaved(q, k, cos_sin, dims: int):
+def rotate_interleaved(q, k, cos_sin, dims: int):
     """GPT-J-style rotary over the first `dims` of each head: element pairs (2i, 2i + 1)
     rotate by frequency i. The tables hold [f0 .. f(dims/2-1), f0 ..]: each frequency is
     repeated in place for the pairs."""

@@ -141,6 +141,13 @@ class DecoderForCausalLM(nn.Module):
             window=layer_window(config, layer),
         )
 
+    def make_attention(self, config, backend: AttentionBackend, layer: int) -> nn.Module:
+        """The layer's attention block: `Attention` with the family's options (the model
+        caps a window at max_position first). A block of another kind (DeepSeek's latent
+        attention) has the same face: `qkv_proj`, forward(cos_sin, qkv, meta), and the
+        cache attributes worker/kv_tensors.py binds."""
+        return Attention(config, backend, self._options(config, layer, self.max_position))
+
     def make_norm(self, config, size: int) -> nn.Module:
         return RMSNorm(size, config.rms_norm_eps)
 
@@ -170,7 +177,7 @@ class DecoderForCausalLM(nn.Module):
         hidden = config.hidden_size
         self.layers = nn.ModuleList(
             self.layer_kind(
-                Attention(config, backend, self._options(config, i, max_position)),
+                self.make_attention(config, backend, i),
                 self.make_mlp(config, i),
                 lambda size: self.make_norm(config, size),
                 hidden,
@@ -193,7 +200,7 @@ class DecoderForCausalLM(nn.Module):
     aux_layer_ids: tuple[int, ...] = ()
     aux_hidden: list[torch.Tensor] | None = None  # [T, hidden] each, of the last forward
 
-    def attention_layers(self) -> list[Attention]:
+    def attention_layers(self) -> list[nn.Module]:
         return [layer.self_attn for layer in self.layers]
 
     def keep_aux_hidden(self, layer_ids: tuple[int, ...]) -> None:

@@ -14,7 +14,8 @@ biases to the router and to every expert GEMM and gates with a clamped SwiGLU).
     route()          softmax over the experts in float32, top-k, optional renormalisation
     route_grouped()  DeepSeek-V3's and GLM-4.5's: sigmoid scores, a correction bias that
                      steers the choice only, the best groups of experts first, then top-k
-                     among theirs, renormalised and scaled
+                     among theirs, renormalised and scaled; DeepSeek-V2's alike over
+                     softmax scores (a group ranked by its best expert)
 
 On the CPU: tokens sorted by expert, one GEMM pair per expert that received any token
 (`forward_reference`); on CUDA the Triton grouped GEMMs of cadence/ops/fused_moe.py.
@@ -63,6 +64,12 @@ class MoEOptions:
     num_groups: int = 1
     topk_groups: int = 1
     routed_scale: float = 1.0
+    float32_router: bool = False  # softmax scoring from a float32 router (DeepSeek-V2)
+
+    @property
+    def plain_topk(self) -> bool:
+        """Softmax, top-k, maybe renormalised: nothing route() does not do."""
+        return self.scoring == "softmax" and self.num_groups == 1 and self.routed_scale == 1.0
 
 
 def route(
@@ -93,19 +100,26 @@ def route_grouped(
     topk_groups: int,
     renormalize: bool,
     scale: float,
+    scoring: str = "sigmoid",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] float32, ids [T, k]) from float32 router logits [T, E]: sigmoid
     scores; each group of E / num_groups experts is ranked by the sum of its two best
     corrected scores (score + correction [E]); the topk_groups best groups' experts are
     eligible, and the k best corrected scores among them are chosen. Their uncorrected
     scores are the weights, renormalised (over their sum + 1e-20) when asked, then scaled.
-    Device ops only (no host sync), so it is captured in CUDA graphs as it is."""
-    scores = logits.float().sigmoid()
-    choice = scores + correction
+    `scoring` "softmax" (DeepSeek-V2): softmax scores, no correction (None), a group
+    ranked by its best score. Device ops only (no host sync), so it is captured in CUDA
+    graphs as it is."""
+    softmax = scoring == "softmax"
+    scores = torch.softmax(logits.float(), dim=-1) if softmax else logits.float().sigmoid()
+    choice = scores if correction is None else scores + correction
     tokens, experts = choice.shape
     if num_groups > 1:
         grouped = choice.view(tokens, num_groups, experts // num_groups)
-        group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        if softmax:
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
         keep = group_scores.topk(topk_groups, dim=-1, sorted=False).indices
         eligible = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, keep, True)
         eligible = eligible[:, :, None].expand_as(grouped).reshape(tokens, experts)
@@ -119,17 +133,20 @@ def route_grouped(
 
 class Router(nn.Module):
     """hidden [T, H] -> expert logits [T, E]. `bias`: the product's bias (GPT-OSS);
-    `float32`: weight and product in float32 with `e_score_correction_bias` [E] for
-    route_grouped (DeepSeek-V3, GLM-4.5 keep their routers in float32)."""
+    `float32`: weight and product in float32 (DeepSeek, GLM-4.5 keep their routers in
+    float32); `correction`: with `e_score_correction_bias` [E] for route_grouped's sigmoid
+    scoring."""
 
-    def __init__(self, hidden: int, num_experts: int, bias: bool, float32: bool) -> None:
+    def __init__(
+        self, hidden: int, num_experts: int, bias: bool, float32: bool, correction: bool = False
+    ) -> None:
         super().__init__()
         dtype = torch.float32 if float32 else None
         self.float32 = float32
         self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(num_experts, dtype=dtype)) if bias else None
         self.e_score_correction_bias = None
-        if float32:  # (zeros until loaded)
+        if correction:  # (zeros until loaded)
             self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -340,7 +357,8 @@ class SparseMoE(nn.Module):
         if options.scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unknown expert scoring {options.scoring!r}")
         sigmoid = options.scoring == "sigmoid"
-        self.gate = Router(hidden, options.num_experts, options.router_bias, float32=sigmoid)
+        float32 = sigmoid or options.float32_router
+        self.gate = Router(hidden, options.num_experts, options.router_bias, float32, sigmoid)
         self.experts = FusedExperts(
             options.num_experts,
             hidden,
@@ -364,20 +382,20 @@ class SparseMoE(nn.Module):
         opts = self.options
         dtype = torch.float32 if opts.float32_weights else x.dtype
         logits = self.gate(x)
-        if opts.scoring == "sigmoid":
-            correction = self.gate.e_score_correction_bias
+        if opts.plain_topk:
+            weights, ids = route(logits, opts.top_k, opts.renormalize, dtype)
+        else:
             weights, ids = route_grouped(
                 logits,
-                correction,
+                self.gate.e_score_correction_bias,
                 opts.top_k,
                 opts.num_groups,
                 opts.topk_groups,
                 opts.renormalize,
                 opts.routed_scale,
+                opts.scoring,
             )
             weights = weights.to(dtype)
-        else:
-            weights, ids = route(logits, opts.top_k, opts.renormalize, dtype)
         out = all_reduce(self.experts(x, ids, weights))
         if self.shared_expert is not None:
             shared = self.shared_expert(self.shared_expert.gate_up_proj(x))

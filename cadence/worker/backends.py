@@ -12,6 +12,7 @@ from cadence.attention.cpu_paged import CpuPagedAttentionBackend
 from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.layers.linear import local_kv_heads
 from cadence.models.attention import head_dim_of
+from cadence.models.mla import latent_kv_dim
 from cadence.ops import cpu_ops
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,11 @@ def beyond_triton(hf_config) -> str | None:
     wider than their tiles fit, or of an odd width, they do not."""
     from cadence.attention.triton_paged import MAX_HEAD_DIM  # triton, only where asked
 
+    if latent_kv_dim(hf_config) is not None:  # triton_mla's tiles: powers of two
+        dims = (hf_config.kv_lora_rank, hf_config.qk_rope_head_dim)
+        if any(d < 16 or d & (d - 1) for d in dims):
+            return f"a latent of {dims[0]} + {dims[1]} dims (not powers of two from 16)"
+        return None
     head_dim = head_dim_of(hf_config)
     if head_dim > MAX_HEAD_DIM or head_dim % 2 or head_dim < 16:
         return f"a head dim of {head_dim}"
@@ -55,6 +61,8 @@ def make_attention_backend(name: str, device: torch.device, hf_config) -> Attent
         raise ValueError("the triton attention backend needs a CUDA device")
     from cadence.attention.triton_paged import TritonAttentionBackend
 
+    if latent_kv_dim(hf_config) is not None:  # one latent head; triton_mla splits keys
+        return TritonAttentionBackend(num_kv_heads=1, split_kv=False)
     kv_heads = getattr(hf_config, "num_key_value_heads", None)
     kv_heads = local_kv_heads(kv_heads or hf_config.num_attention_heads)
     return TritonAttentionBackend(num_kv_heads=kv_heads, head_dim=head_dim_of(hf_config))

@@ -2,7 +2,11 @@
 allocation (one [2, num_blocks, block_size, kv_heads, head_dim] tensor per KV slot, bound
 to each layer of the slot as `kv_cache`). Without KV groups a slot is a layer; with them
 (worker/kv_groups.py) slot s holds layer s of every group. The target model and a draft
-model each hold their own, indexed by the same block ids."""
+model each hold their own, indexed by the same block ids.
+
+A layer whose K and V are one tensor (`kv_shared`: DeepSeek's latent, models/mla.py) gets
+a [1, num_blocks, ...] tensor, bound as a [2, ...] view of it whose halves are the same
+memory: the backends see the usual layout, and the pool pays for one half."""
 
 from __future__ import annotations
 
@@ -23,8 +27,14 @@ def _slots(model, groups: KVGroups | None) -> list[list]:
     return slots
 
 
+def _halves(layer) -> int:
+    """K and V apart (2), or one shared tensor (1)."""
+    return 1 if getattr(layer, "kv_shared", False) else 2
+
+
 def _layer_bytes(layer, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * block_size * layer.num_kv_heads * layer.head_dim * (torch.finfo(dtype).bits // 8)
+    elements = _halves(layer) * block_size * layer.num_kv_heads * layer.head_dim
+    return elements * (torch.finfo(dtype).bits // 8)
 
 
 def kv_bytes_per_block(
@@ -53,10 +63,12 @@ def bind_kv_caches(
     for shared in _slots(model, groups):
         first = shared[0]
         if any(
-            (a.num_kv_heads, a.head_dim) != (first.num_kv_heads, first.head_dim) for a in shared
+            (a.num_kv_heads, a.head_dim, _halves(a))
+            != (first.num_kv_heads, first.head_dim, _halves(first))
+            for a in shared
         ):
             raise ValueError("layers that share a KV slot must have one K/V shape")
-        shape = (2, num_blocks, block_size, first.num_kv_heads, first.head_dim)
+        shape = (_halves(first), num_blocks, block_size, first.num_kv_heads, first.head_dim)
         # Uninitialised (fast to allocate), except block 0: padded key slots point at
         # slot 0, and masked garbage could still be NaN, which survives 0 * NaN.
         cache = torch.empty(shape, dtype=dtype, device=device)
@@ -68,7 +80,8 @@ def bind_kv_caches(
             cache.zero_()
         else:
             cache[:, 0].zero_()
+        view = cache if shape[0] == 2 else cache.expand(2, *shape[1:])  # (both halves: it)
         for layer in shared:
-            layer.kv_cache = cache
+            layer.kv_cache = view
         caches.append(cache)
     return caches

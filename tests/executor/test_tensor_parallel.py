@@ -16,7 +16,17 @@ from cadence import LLM, SamplingParams
 
 @pytest.mark.parametrize(
     "kind",
-    ["llama", "llama-tied", "qwen2", "qwen3", "llama-mqa", "gemma2", "qwen2-moe", "gpt-oss"],
+    [
+        "llama",
+        "llama-tied",
+        "qwen2",
+        "qwen3",
+        "llama-mqa",
+        "gemma2",
+        "qwen2-moe",
+        "gpt-oss",
+        "deepseek-v3",
+    ],  # fmt: skip
 )
 def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_model):
     # llama-mqa has one KV head: both ranks hold a replica of it. gemma2's local and global
@@ -25,7 +35,8 @@ def test_two_ranks_equal_one_rank_and_transformers(kind, tiny_model_dir, hf_mode
     # or with expert parallelism half of the experts (the shared one split by columns).
     # gpt-oss: each rank its heads' sinks and half of every expert's columns, the down
     # bias added by one rank only; with expert parallelism half of the experts, each with
-    # its own biases.
+    # its own biases. deepseek-v3: each rank its heads' query and up-projection rows and
+    # the whole latent (every head reads it), so each rank caches every token's latent.
     path = tiny_model_dir(kind)
     prompts = prompts_for(path)
     expected = hf_reference(hf_model(path), prompts)

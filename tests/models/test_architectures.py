@@ -65,6 +65,7 @@ def test_a_window_as_long_as_the_context_is_no_window():
         ("llama", 96, None),  # Phi-3's width: padded tiles
         ("llama", 512, "head dim of 512"),
         ("llama", 15, "head dim of 15"),
+        ("deepseek-v2", None, None),  # a 32 + 16 latent: triton_mla's tiles
     ],
 )
 def test_what_the_triton_kernels_lack_is_read_from_the_config(kind, head_dim, lack):
@@ -73,6 +74,12 @@ def test_what_the_triton_kernels_lack_is_read_from_the_config(kind, head_dim, la
         config.head_dim = head_dim
     found = beyond_triton(config)
     assert (found is None) if lack is None else (lack in found)
+
+
+def test_a_latent_the_mla_kernel_cannot_tile_is_read_from_the_config():
+    config, _ = build_tiny("deepseek-v3")
+    config.qk_rope_head_dim = 8
+    assert "latent of 32 + 8" in beyond_triton(config)
 
 
 def test_every_zoo_family_resolves_from_its_transformers_config():

@@ -163,3 +163,33 @@ def test_grouped_sigmoid_routing_equals_transformers_router():
     torch.testing.assert_close(
         got_w.gather(1, order_got.indices), want_w.gather(1, order_want.indices)
     )
+
+
+def test_grouped_softmax_routing_equals_transformers_deepseek_v2_router():
+    """DeepSeek-V2's group_limited_greedy: softmax scores, each group ranked by its best
+    expert, 2 of 4 groups eligible, the weights scaled (not renormalised)."""
+    from transformers import DeepseekV2Config
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
+
+    from cadence.models.moe import route_grouped
+
+    config = DeepseekV2Config(
+        hidden_size=H, n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
+        topk_method="group_limited_greedy", routed_scaling_factor=16.0, num_attention_heads=4,
+    )  # fmt: skip
+    torch.manual_seed(4)
+    router = DeepseekV2TopkRouter(config)
+    router.weight.data.normal_()
+    x = torch.randn(33, H)
+    _, want_w, want_ids = router(x)
+    logits = F.linear(x, router.weight)
+    got_w, got_ids = route_grouped(logits, None, 3, 4, 2, False, 16.0, scoring="softmax")
+    order_want, order_got = want_ids.sort(-1), got_ids.sort(-1)
+    assert torch.equal(order_want.values, order_got.values)
+    torch.testing.assert_close(
+        got_w.gather(1, order_got.indices), want_w.gather(1, order_want.indices)
+    )
+    # Groups matter here: the plain top 3 of the softmax differ for some token.
+    assert not torch.equal(
+        torch.softmax(logits, -1).topk(3).indices.sort(-1).values, got_ids.sort(-1).values
+    )

@@ -1,6 +1,6 @@
 """The Triton attention kernels inside a whole model of the zoo, on the CPU: Gemma 2's
-interleaved sliding windows and soft-capped scores give transformers' greedy tokens in
-float32 with chunked prefill beside decodes. (Head dims that are not powers of two have
+interleaved sliding windows and soft-capped scores, and DeepSeek-V3's latent attention,
+give transformers' greedy tokens in float32 with chunked prefill beside decodes. (Head dims that are not powers of two have
 their interpreter cases in tests/attention/test_triton_paged.py, and a whole model with
 one, Mistral at head dim 24, runs on the GPU in tests/worker/test_cuda_runner.py.)
 
@@ -20,7 +20,7 @@ import pytest
 from interpreter_child import interpreter_report
 from model_helpers import WINDOW, hf_greedy, make_prompts
 
-KINDS = ["gemma2"]
+KINDS = ["gemma2", "deepseek-v3"]  # (and DeepSeek's latent attention: triton_mla.py)
 LENGTHS = [3, 2 * WINDOW + 5, 40]
 NEW_TOKENS = 6
 

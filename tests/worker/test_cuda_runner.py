@@ -69,6 +69,8 @@ ZOO_ON_TRITON = [
     "granite-moe-shared",
     "gpt-oss",  # attention sinks (kernel B and the split-KV reduce), biased clamped experts
     "glm4-moe",  # DeepSeek-V3's grouped sigmoid routing (torch ops) inside the graphs
+    "deepseek-v2",  # latent attention: triton_mla's kernels (key splits in decode graphs)
+    "deepseek-v3",
 ]
 
 
