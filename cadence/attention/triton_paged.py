@@ -95,9 +95,15 @@ DECODE_LARGE_BATCH = 32  # decodes from which the "large" settings apply
 DECODE_SMALL = (128, 4, 2)
 DECODE_LARGE = (64, 2, 3)
 WIDE_HEAD_DIM = 256  # heads from this width on take the settings measured for Gemma's
+# Wide heads, many decodes (benchmarks/decode_wide_heads.py --large, Gemma-2-9B's 16/8 heads
+# of 256): batch 64 at 138 keys 49.0 -> 30.6 us, at 1,280 keys 267 -> 171 us against the
+# (64, 2, 3) the 128-wide settings scaled to (its three 64 KB stages held one program an SM).
+DECODE_WIDE_LARGE = (64, 2, 1)
 
 
 def decode_launch(num_decodes: int, head_dim: int) -> tuple[int, int, int]:
+    if head_dim >= WIDE_HEAD_DIM and num_decodes >= DECODE_LARGE_BATCH:
+        return DECODE_WIDE_LARGE
     block_n, warps, stages = DECODE_LARGE if num_decodes >= DECODE_LARGE_BATCH else DECODE_SMALL
     if head_dim >= WIDE_HEAD_DIM and num_decodes < DECODE_LARGE_BATCH:
         warps = 8  # Gemma-2-9B, batch 1: 6.09 ms a step against 6.25 with 4
