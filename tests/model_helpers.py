@@ -282,7 +282,8 @@ ZOO = {
     ),
     # DeepSeek-V2 (V2-Lite's q_proj, no q_lora_rank): latent attention, YaRN with its
     # mscale_all_dim (which scales the scores), softmax routing over 2 groups of 4 experts
-    # with 1 group eligible and the weights scaled, shared experts, a dense first layer.
+    # with 1 group eligible and the weights scaled, shared experts, a dense first layer;
+    # norm_topk_prob set, which transformers' V2 ignores (and so must we).
     "deepseek-v2": lambda: _zoo_config(
         "DeepseekV2Config",
         "DeepseekV2ForCausalLM",
@@ -301,6 +302,7 @@ ZOO = {
         n_group=2,
         topk_group=1,
         routed_scaling_factor=2.0,
+        norm_topk_prob=True,
         rope_parameters={
             "rope_type": "yarn",
             "rope_theta": 10000.0,
@@ -313,7 +315,8 @@ ZOO = {
         },
     ),
     # DeepSeek-V3: the query's own low-rank compression (q_lora_rank), sigmoid routing with
-    # a random correction bias, 2 groups, renormalised and scaled weights.
+    # a random correction bias, 2 groups, renormalised and scaled weights; its rope in
+    # halves (rope_interleave false; V2 covers the interleaved pairs), YaRN.
     "deepseek-v3": lambda: _adjusted(
         _zoo_config(
             "DeepseekV3Config",
@@ -333,6 +336,15 @@ ZOO = {
             topk_group=1,
             norm_topk_prob=True,
             routed_scaling_factor=2.5,
+            rope_interleave=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 2.0,
+                "original_max_position_embeddings": 256,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
         ),
         _correction_bias,
     ),

@@ -10,9 +10,10 @@ CUDA graphs.
      loads the latent and the rope part apart (512 + 64: no 1,024-wide padded tile) and
      scores q_lat . c_kv + q_rope . k_rope, online softmax, acc += p c_kv. The output is
      [T, H, LATENT]: the model lifts it to each head's value (W_UV) itself.
-     With SPLITS > 1 (decode-only steps whose programs would not cover the SMs: one shared
-     key head leaves few programs) each program takes 1/SPLITS of its keys and writes its
-     unnormalised partial; `mla_reduce_kernel` (grid (tokens, heads)) merges them.
+     With `splits` > 1 (decode-only steps whose programs would not cover the SMs: one
+     shared key head leaves few programs) each program takes 1/splits of its keys and
+     writes its unnormalised partial; `mla_reduce_kernel` (grid (tokens, heads)) merges
+     them. The split count is a runtime value: every batch size shares one variant.
 
 Masked scores are -inf and the running max starts at a finite -1e30, so a row (or a
 split) that sees no key adds nothing and never turns into NaN. Accumulation is fp32; an
@@ -43,11 +44,14 @@ DECODE_LARGE_ITEMS = 32  # decodes from which DECODE_LARGE applies
 PREFILL_TILE = (64, 64, 8, 3)
 
 
-@triton.jit(do_not_specialize=["stride_bt", "work_q"])
+# Integers that vary from step to step are not specialised on (a value of 1 or a multiple of
+# 16 would otherwise compile another variant mid-serving); the split count is one of them:
+# a variant is a tile kind and whether its keys are split (SPLIT), nothing else.
+@triton.jit(do_not_specialize=["stride_bt", "num_tokens", "work_q", "splits"])
 def mla_attention_kernel(
     q_ptr,  # [T, H, LATENT + ROPE]
     out_ptr,  # [T, H, LATENT]
-    part_ptr,  # [SPLITS, T, H, LATENT + 2] fp32: acc, then m and l (SPLITS > 1 only)
+    part_ptr,  # [splits, T, H, LATENT + 2] fp32: acc, then m and l (SPLIT only)
     cache_ptr,  # [num_blocks, block_size, 1, LATENT + ROPE]
     block_tables_ptr,
     qsl_ptr,
@@ -65,20 +69,21 @@ def mla_attention_kernel(
     num_heads,
     qk_scale,  # scale * log2(e): scores are kept in the log2 domain
     work_q,
+    splits,  # programs sharing each (item, head block)'s keys (1 unless SPLIT)
     TOK: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     LATENT: tl.constexpr,
     ROPE: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # partials to `part_ptr` for mla_reduce_kernel, not the output
     DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr,  # products in fp32 (Triton's interpreter and bf16: see paged)
 ):
     item = tl.program_id(0)
     head_block = tl.program_id(1)
-    sub = tl.program_id(2) // SPLITS
-    split = tl.program_id(2) % SPLITS
+    sub = tl.program_id(2) // splits
+    split = tl.program_id(2) % splits
     BLOCK_M: tl.constexpr = TOK * BLOCK_H
 
     req = tl.load(work_req_ptr + item)
@@ -106,7 +111,7 @@ def mla_attention_kernel(
     # Keys the program's rows can see: up to its last real token's position.
     last_t = tl.minimum(tl.minimum(first + TOK, q_len), item_first + work_q)
     hi = tl.minimum(context + last_t, seq_len)
-    per = tl.cdiv(tl.cdiv(tl.maximum(hi, 0), SPLITS), BLOCK_N) * BLOCK_N
+    per = tl.cdiv(tl.cdiv(tl.maximum(hi, 0), splits), BLOCK_N) * BLOCK_N
     lo = split * per
     hi = tl.minimum(hi, lo + per)
 
@@ -136,7 +141,7 @@ def mla_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(kc.dtype), kc, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    if SPLITS == 1:
+    if not SPLIT:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         o_ptr = out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + c[None, :]
         tl.store(o_ptr, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -148,7 +153,7 @@ def mla_attention_kernel(
         tl.store(part_ptr + at + LATENT + 1, l_i, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "splits"])
 def mla_reduce_kernel(
     part_ptr,
     out_ptr,
@@ -156,21 +161,23 @@ def mla_reduce_kernel(
     stride_oh,
     num_tokens,
     num_heads,
+    splits,
     LATENT: tl.constexpr,
-    SPLITS: tl.constexpr,
+    MAX_S: tl.constexpr,  # MAX_SPLITS: the split axis's tile (the first `splits` are real)
 ):
     """out[t, h] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s over the splits."""
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
-    s = tl.arange(0, SPLITS)
+    s = tl.arange(0, MAX_S)
+    real = s < splits
     c = tl.arange(0, LATENT)
     width = LATENT + 2
     at = ((s * num_tokens + token) * num_heads + head).to(tl.int64) * width
-    m = tl.load(part_ptr + at + LATENT)
-    l_s = tl.load(part_ptr + at + LATENT + 1)
+    m = tl.load(part_ptr + at + LATENT, mask=real, other=-1e30)
+    l_s = tl.load(part_ptr + at + LATENT + 1, mask=real, other=0.0)
     m_max = tl.max(m, 0)
     w = tl.exp2(m - m_max)
-    acc = tl.load(part_ptr + at[:, None] + c[None, :])
+    acc = tl.load(part_ptr + at[:, None] + c[None, :], mask=real[:, None], other=0.0)
     total = tl.sum(acc * w[:, None], 0)
     denom = tl.sum(l_s * w, 0)
     o = total / tl.where(denom > 0, denom, 1.0)
@@ -247,13 +254,14 @@ def mla_attention(
         num_heads,
         scale * LOG2E,
         work_q,
+        splits,
         TOK=tok,
         BLOCK_H=block_h,
         BLOCK_N=block_n,
         LATENT=latent_dim,
         ROPE=rope_dim,
         BLOCK_SIZE=cache.shape[1],
-        SPLITS=splits,
+        SPLIT=splits > 1,
         DOT_PRECISION="ieee" if wide else "tf32",
         # Triton's interpreter multiplies bf16 blocks as raw integers (see triton_paged)
         DOT_F32=_INTERPRETER and q.dtype == torch.bfloat16,
@@ -268,7 +276,8 @@ def mla_attention(
             out.stride(1),
             num_tokens,
             num_heads,
+            splits,
             LATENT=latent_dim,
-            SPLITS=splits,
+            MAX_S=MAX_SPLITS,
         )
     return out

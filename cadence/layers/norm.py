@@ -75,6 +75,24 @@ class GemmaRMSNorm(nn.Module):
         return self._norm(x), x
 
 
+def post_norm_add_norm(
+    x: torch.Tensor, residual: torch.Tensor, post: nn.Module, pre: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(pre(post(x) + residual), post(x) + residual): a sandwich layer's (Gemma 2/3) block
+    output normed, added to the residual stream, and normed for the next block. One
+    Triton launch on CUDA where both norms are RMSNorms of one kind; else the modules."""
+    kind = type(post)
+    fusable = kind is type(pre) and kind in (RMSNorm, GemmaRMSNorm)
+    if fusable and x.is_cuda and x.dim() == 2 and x.stride(-1) == 1:
+        from cadence.ops import fused
+
+        gemma = kind is GemmaRMSNorm
+        return fused.norm_add_rms_norm(
+            x, residual, (post.weight, post.eps), pre.weight, pre.eps, gemma=gemma
+        )
+    return pre(post(x), residual)
+
+
 class LayerNorm(nn.LayerNorm):
     """LayerNorm (with or without a bias) under the RMSNorm's residual contract."""
 

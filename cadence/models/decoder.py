@@ -26,7 +26,7 @@ from torch import nn
 
 from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from cadence.layers.norm import RMSNorm
+from cadence.layers.norm import RMSNorm, post_norm_add_norm
 from cadence.layers.rotary import RotaryEmbedding
 from cadence.models.attention import Attention, AttentionOptions, head_dim_of
 from cadence.models.fused import norm_linear
@@ -85,11 +85,13 @@ class SandwichLayer(_Layer):
     def forward(self, cos_sin, x, residual, meta):
         attn, mlp = self.self_attn, self.mlp
         qkv, residual = norm_linear(x, residual, self.input_layernorm, attn.qkv_proj, "qkv")
-        x = self.post_attention_layernorm(attn(cos_sin, qkv, meta))
-        gate_up, residual = norm_linear(
-            x, residual, self.pre_feedforward_layernorm, mlp.gate_up_proj, "gate_up"
+        x, residual = post_norm_add_norm(
+            attn(cos_sin, qkv, meta),
+            residual,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
         )
-        return self.post_feedforward_layernorm(mlp(gate_up)), residual
+        return self.post_feedforward_layernorm(mlp(mlp.gate_up_proj(x))), residual
 
 
 class PostNormLayer(_Layer):

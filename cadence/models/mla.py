@@ -116,6 +116,8 @@ class LatentAttention(nn.Module):
         q_head = self.nope_dim + self.rope_dim
         q_lora = getattr(config, "q_lora_rank", None)
         bias = bool(getattr(config, "attention_bias", False))
+        if bias and not q_lora:  # (q_proj has none, kv_a_proj_with_mqa one: no release does)
+            raise ValueError("latent attention with attention_bias needs a q_lora_rank")
         eps = config.rms_norm_eps
         # q (by heads) or q_a (whole on every rank), then kv_a (whole on every rank)
         q_shard = (
@@ -143,7 +145,16 @@ class LatentAttention(nn.Module):
         self.backend = backend
         self.kv_cache: torch.Tensor | None = None  # bound by the model runner
         self.kv_group = 0
-        self.kv_scale: tuple[float, float] = (1.0, 1.0)  # (a latent has no K/V scales)
+
+    @property
+    def kv_scale(self) -> tuple[float, float]:
+        """An FP8 cache stores the latent unscaled (it has no K/V scales of its own)."""
+        return (1.0, 1.0)
+
+    @kv_scale.setter
+    def kv_scale(self, value: tuple[float, float]) -> None:
+        if tuple(value) != (1.0, 1.0):  # (the loader sets a checkpoint's k_scale / v_scale)
+            raise ValueError("KV-cache scales for a latent (MLA) cache are not supported")
 
     def forward(self, cos_sin, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Attention from the fused projection [T, q_width + C + R] to o_proj's output."""

@@ -56,6 +56,7 @@ def _rms_norm_kernel(
     x_ptr,
     res_ptr,
     w_ptr,
+    pre_w_ptr,
     out_ptr,
     res_out_ptr,
     stride_x,
@@ -66,7 +67,9 @@ def _rms_norm_kernel(
     stride_res_out,
     n_cols,
     eps,
+    pre_eps,
     HAS_RESIDUAL: tl.constexpr,
+    PRE_NORM: tl.constexpr,  # x is normed by pre_w first (Gemma's post-block norm)
     GEMMA: tl.constexpr,  # weight stored as an offset from 1, product in float32 (Gemma)
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
@@ -79,19 +82,28 @@ def _rms_norm_kernel(
     x_row = x_ptr + (row // heads) * stride_x + (row % heads) * stride_xh
     x = tl.load(x_row + cols, mask=mask, other=0.0)
     dtype = x.dtype
+    if PRE_NORM:
+        pre_w = tl.load(pre_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = _scaled_row(x.to(tl.float32), pre_w, pre_eps, n_cols, dtype, GEMMA)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # PyTorch adds in the dtype
         tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
-    xf = x.to(tl.float32)
-    var = tl.sum(xf * xf, axis=0) / n_cols
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if GEMMA:  # (x_hat * (1 + w)).to(dtype): one rounding, as layers.norm.GemmaRMSNorm
-        out = (xf * tl.math.rsqrt(var + eps) * (1.0 + w)).to(dtype)
-    else:  # w * x_hat.to(dtype), rounded twice as RMSNorm (and transformers' Llama) does
-        y = (xf * tl.math.rsqrt(var + eps)).to(dtype)
-        out = (w * y.to(tl.float32)).to(dtype)
+    out = _scaled_row(x.to(tl.float32), w, eps, n_cols, dtype, GEMMA)
     tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+
+
+@triton.jit
+def _scaled_row(xf, w, eps, n_cols, dtype: tl.constexpr, GEMMA: tl.constexpr):
+    """RMSNorm of one float32 row with weight w (float32), rounded to dtype as the torch
+    modules round."""
+    var = tl.sum(xf * xf, axis=0) / n_cols
+    if GEMMA:  # (x_hat * (1 + w)).to(dtype): one rounding, as layers.norm.GemmaRMSNorm
+        return (xf * tl.math.rsqrt(var + eps) * (1.0 + w)).to(dtype)
+    # w * x_hat.to(dtype), rounded twice as RMSNorm (and transformers' Llama) does
+    y = (xf * tl.math.rsqrt(var + eps)).to(dtype)
+    return (w * y.to(tl.float32)).to(dtype)
 
 
 def _norm(
@@ -100,6 +112,7 @@ def _norm(
     weight: torch.Tensor,
     eps: float,
     gemma: bool = False,
+    pre: tuple[torch.Tensor, float] | None = None,
 ):
     # [T, D] rows, or [T, H, D] heads (per-head q / k norms: no copy of a strided view)
     *lead, cols = x.shape
@@ -108,11 +121,13 @@ def _norm(
     rows = lead[0] * heads
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else out
+    pre_weight, pre_eps = pre if pre is not None else (weight, 0.0)
     if rows:
         _rms_norm_kernel[(rows,)](
             x,
             residual if residual is not None else x,
             weight,
+            pre_weight,
             out,
             res_out,
             x.stride(0),
@@ -123,7 +138,9 @@ def _norm(
             res_out.stride(0),
             cols,
             eps,
+            pre_eps,
             HAS_RESIDUAL=residual is not None,
+            PRE_NORM=pre is not None,
             GEMMA=gemma,
             BLOCK=_pow2(cols),
             PDL=pdl(x.device),
@@ -144,6 +161,20 @@ def add_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual), x + residual), as RMSNorm.forward(x, residual) returns."""
     return _norm(x, residual, weight, eps, gemma)
+
+
+def norm_add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    pre: tuple[torch.Tensor, float],
+    weight: torch.Tensor,
+    eps: float,
+    gemma: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(p + residual), p + residual) with p = pre_norm(x), `pre` its (weight, eps):
+    a sandwich layer's post-block norm, residual add and next pre-block norm in one
+    launch (both norms of one kind: `gemma` or not), rounded as the three ops would be."""
+    return _norm(x, residual, weight, eps, gemma, pre)
 
 
 @triton.jit

@@ -62,6 +62,8 @@ def make_attention_backend(name: str, device: torch.device, hf_config) -> Attent
     from cadence.attention.triton_paged import TritonAttentionBackend
 
     if latent_kv_dim(hf_config) is not None:  # one latent head; triton_mla splits keys
+        if lack := beyond_triton(hf_config):  # (asked for by name: auto chose torch)
+            raise ValueError(f"the triton attention backend cannot run {lack}")
         return TritonAttentionBackend(num_kv_heads=1, split_kv=False)
     kv_heads = getattr(hf_config, "num_key_value_heads", None)
     kv_heads = local_kv_heads(kv_heads or hf_config.num_attention_heads)

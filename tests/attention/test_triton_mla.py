@@ -51,6 +51,8 @@ CPU_CASES = [
     Case("fp8_cache_decodes", (1, 1), (64, 100), dtype="bfloat16", cache_dtype="float8"),
     Case("graph_decodes_split", (1, 1, 1, 1), (1, 300, 45, 9), graph_plan=True),
     Case("long_chunk_several_items", (130, 1), (250, 300), num_heads=4),
+    # 33 decodes: the many-decode tile, split in two at 132 SMs
+    Case("decode_many_wide_tiles", (1,) * 33, tuple(range(3, 300, 9)), num_heads=4),
 ]
 GPU_CASES = [
     Case("deepseek_decode_b1", (1,), (384,), 16, 512, 64, dtype="bfloat16"),
@@ -59,6 +61,8 @@ GPU_CASES = [
     Case("deepseek_mixed", (1, 100, 1, 37), (900, 100, 20, 400), 16, 512, 64, dtype="bfloat16",
          block_size=64),
     Case("deepseek_float32", (1, 21, 1), (80, 50, 33), 16, 512, 64),
+    Case("deepseek_decode_b48", (1,) * 48, tuple(range(1, 2400, 50)), 16, 512, 64,
+         dtype="bfloat16"),
 ]  # fmt: skip
 
 

@@ -42,8 +42,7 @@ def test_score_scale_equals_transformers(kind):
     attention = getattr(importlib.import_module(module), f"Deepseek{kind[-2:].upper()}Attention")
     want = attention(config, 0).scaling
     assert latent_scale(config) == pytest.approx(want, rel=1e-12)
-    if kind == "deepseek-v2":  # YaRN's mscale_all_dim scales the scores
-        assert want != pytest.approx((16 + 16) ** -0.5)
+    assert want != pytest.approx((16 + 16) ** -0.5)  # YaRN's mscale_all_dim scales it
 
 
 def test_kv_transfer_refuses_a_latent_cache():
@@ -51,3 +50,36 @@ def test_kv_transfer_refuses_a_latent_cache():
 
     with pytest.raises(ValueError, match="latent"):
         KVLayers([torch.zeros(1, 4, 4, 1, 40)], block_size=4)
+
+
+@pytest.mark.parametrize(
+    ("kind", "change", "error"),
+    [
+        ("deepseek-v2", {"topk_method": "noaux_tc"}, "topk_method='noaux_tc'"),
+        ("deepseek-v2", {"scoring_func": "sigmoid"}, "scoring_func='sigmoid'"),
+        ("deepseek-v3", {"scoring_func": "softmax"}, "scoring_func='softmax'"),
+        ("deepseek-v2", {"moe_layer_freq": 2}, "moe_layer_freq=2"),
+        ("deepseek-v2", {"attention_bias": True}, "needs a q_lora_rank"),
+    ],
+)
+def test_what_would_route_or_load_differently_is_refused(kind, change, error):
+    from cadence.attention.torch_ref import TorchAttentionBackend
+    from cadence.models.deepseek import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+
+    config, _ = build_tiny(kind)
+    for name, value in change.items():
+        setattr(config, name, value)
+    cls = DeepseekV3ForCausalLM if kind == "deepseek-v3" else DeepseekV2ForCausalLM
+    with pytest.raises(ValueError, match=error):
+        cls(config, TorchAttentionBackend(), 64)
+
+
+def test_kv_cache_scales_are_refused_for_a_latent_cache():
+    from cadence.attention.torch_ref import TorchAttentionBackend
+    from cadence.models.mla import LatentAttention
+
+    config, _ = build_tiny("deepseek-v3")
+    layer = LatentAttention(config, TorchAttentionBackend(), interleaved=False)
+    layer.kv_scale = (1.0, 1.0)  # what a checkpoint without scales leaves
+    with pytest.raises(ValueError, match="latent"):
+        layer.kv_scale = (0.5, 1.0)

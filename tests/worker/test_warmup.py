@@ -24,8 +24,9 @@ from model_helpers import build_tiny, make_prompts
 from triton_specs import SpecRecorder
 from cadence import LLM, SamplingParams
 
-config, cls = build_tiny("llama-long")
-torch.manual_seed(zlib.crc32(b"llama-long"))
+config, cls = build_tiny({kind!r})
+config.max_position_embeddings = 4096  # (the workload's long prompts)
+torch.manual_seed(zlib.crc32({kind!r}.encode()))
 path = tempfile.mkdtemp()
 cls(config).eval().save_pretrained(path)
 recorder = SpecRecorder().install(execute=False)
@@ -57,18 +58,31 @@ print(json.dumps({{
 """
 
 
-@pytest.mark.slow  # a whole engine under Triton's interpreter
-def test_no_kernel_variant_appears_after_warm_up():
+def _variants_after_warm_up(kind: str) -> dict:
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(
-        [sys.executable, "-c", CHECK.format(tests=tests)],
+        [sys.executable, "-c", CHECK.format(tests=tests, kind=kind)],
         env={**os.environ, "TRITON_INTERPRET": "1"},
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # a whole engine under Triton's interpreter
+def test_no_latent_attention_variant_appears_after_warm_up():
+    """DeepSeek's latent-attention kernel: decodes of every batch size share one variant
+    per tile (the key-split count is a runtime value), prefill chunks of any length one."""
+    report = _variants_after_warm_up("deepseek-v2")
+    assert report["warm"] == ["mla_attention_kernel", "mla_reduce_kernel", "write_kv_kernel"]
+    assert report["new"] == []
+
+
+@pytest.mark.slow  # a whole engine under Triton's interpreter
+def test_no_kernel_variant_appears_after_warm_up():
+    report = _variants_after_warm_up("llama-long")
     assert report["warm"] == [
         "paged_attention_kernel",
         "split_kv_kernel",
