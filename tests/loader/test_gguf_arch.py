@@ -1,6 +1,8 @@
-"""GGUF files of the Gemma 2/3 and Phi-3 layouts: llama.cpp's names (Gemma's sandwich norms,
+"""GGUF files of the Gemma 1/2/3 and Phi-3 layouts: llama.cpp's names (Gemma's sandwich norms,
 Phi-3's fused qkv and gate|up), its stored transforms (Gemma's norms as 1 + w), and the
-config fields transformers' GGUF reader leaves out (soft-caps, windows, LongRoPE).
+config fields transformers' GGUF reader leaves out (soft-caps, windows, LongRoPE). (Gemma
+1's tensors are read here; its config and tokenizer are not: transformers' GGUF reader has
+no "gemma" architecture.)
 
 Each file is written here with gguf-py from a tiny transformers model, in llama.cpp's
 layout, and served from a folder that names it (what `convert_gguf` leaves: the config and
@@ -42,6 +44,7 @@ _SANDWICH = {
     "post_feedforward_layernorm": "post_ffw_norm",
 }
 _BY_ARCH = {
+    "gemma": {"post_attention_layernorm": "ffn_norm"},
     "gemma2": _SANDWICH,
     "gemma3": _SANDWICH,
     "phi3": {"post_attention_layernorm": "ffn_norm"},
@@ -87,7 +90,8 @@ def write_gguf(model, arch: str, path, meta: dict, q8_fused: bool = False) -> No
 
 
 @pytest.mark.parametrize(
-    ("kind", "q8_fused"), [("gemma2", False), ("gemma3", False), ("phi3", False), ("phi3", True)]
+    ("kind", "q8_fused"),
+    [("gemma", False), ("gemma2", False), ("gemma3", False), ("phi3", False), ("phi3", True)],
 )
 def test_gguf_layouts_serve_the_models_tokens(kind, q8_fused, tmp_path):
     config, cls = ZOO[kind]()
