@@ -106,6 +106,21 @@ def _zoo_config(name: str, arch: str, **options):
     return config, getattr(tf, arch)
 
 
+# DeepSeek's latent attention and experts, tiny: a 32 + 16 latent (triton_mla's tiles need
+# powers of two from 16), every head expanded from it (4 KV heads: transformers repeats none),
+# 8 experts of 48, top 2, after one dense layer.
+_TINY_MLA = dict(
+    num_key_value_heads=4,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=12,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=48,
+    first_k_dense_replace=1,
+)
+
 # kind -> its tiny config and transformers class: every dense family, distinctive options on.
 ZOO = {
     "mistral-window": lambda: _zoo_config(
@@ -287,17 +302,9 @@ ZOO = {
     "deepseek-v2": lambda: _zoo_config(
         "DeepseekV2Config",
         "DeepseekV2ForCausalLM",
-        num_key_value_heads=4,
-        kv_lora_rank=32,
+        **_TINY_MLA,
         q_lora_rank=None,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=16,
-        v_head_dim=12,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=48,
         n_shared_experts=2,
-        first_k_dense_replace=1,
         topk_method="group_limited_greedy",
         n_group=2,
         topk_group=1,
@@ -321,17 +328,9 @@ ZOO = {
         _zoo_config(
             "DeepseekV3Config",
             "DeepseekV3ForCausalLM",
-            num_key_value_heads=4,
-            kv_lora_rank=32,
+            **_TINY_MLA,
             q_lora_rank=24,
-            qk_nope_head_dim=16,
-            qk_rope_head_dim=16,
-            v_head_dim=12,
-            n_routed_experts=8,
-            num_experts_per_tok=2,
-            moe_intermediate_size=48,
             n_shared_experts=1,
-            first_k_dense_replace=1,
             n_group=2,
             topk_group=1,
             norm_topk_prob=True,

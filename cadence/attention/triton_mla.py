@@ -22,13 +22,11 @@ FP8 cache's tiles are widened to q's dtype (its scale is 1: one latent, no K/V s
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # as triton reads it
+from cadence.ops.fused import INTERPRETER as _INTERPRETER
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16

@@ -56,7 +56,6 @@ padded or uninitialised cache slot can turn into NaN.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 
 import torch
@@ -70,13 +69,13 @@ from cadence.attention.base import (
 )
 from cadence.attention.triton_kernels import NO_WINDOW, paged_attention_kernel
 from cadence.attention.triton_write_kv import write_kv
+from cadence.ops.fused import INTERPRETER as _INTERPRETER
 from cadence.ops.fused import pdl
 
 LOG2E = 1.4426950408889634
 MAX_WORK_Q = 64  # most query tokens in one work item of kernel B
 MAX_HEAD_DIM = 256  # widest head the tiles fit in shared memory
 DEFAULT_NUM_SMS = 132  # H100/H200; used when the device is not CUDA (interpreter, tests)
-_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # as triton reads it
 
 
 # Kernel B's prefill/mixed tile, from benchmarks/split_kv_sweep.py's prefill sweep on an

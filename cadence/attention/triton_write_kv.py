@@ -4,16 +4,13 @@ scaled and rounded to e4m3 for an FP8 cache."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from cadence.attention.base import is_fp8
+from cadence.ops.fused import INTERPRETER as _INTERPRETER
 from cadence.ops.fused import gdc_wait, pdl, rotate_half_rows
-
-_INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # as triton reads it
 
 # ---------------------------------------------------------------------------------------
 # Kernel A: write the step's K/V into the cache.

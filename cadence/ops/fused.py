@@ -32,6 +32,9 @@ except ImportError:  # an older Triton: kernels launch as before
     gdc_wait = None
 
 
+INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # as triton reads it
+
+
 def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
