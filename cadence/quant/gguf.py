@@ -1,18 +1,22 @@
 """GGUF weights kept quantized: each linear layer and the vocabulary hold the file's blocks
-as 4-bit planes (gguf_blocks.py) and multiply through a kernel that expands them on the fly:
+and multiply through a kernel that expands them on the fly:
 
-    CPU    torch's packed int4 kernel (int4_cpu.py), groups of 32 and more
-    CUDA   a Triton dequantizing matmul (int4_triton.py), any group
+    CPU    the blocks' codes in 16-row panels (gguf_cpu.py: every format, one product
+           for the whole batch); where the CPU kernels are not built, 4-bit planes
+           through torch's packed int4 kernel (int4_cpu.py), groups of 32 and more
+    CUDA   4-bit planes (gguf_blocks.py) through a Triton dequantizing matmul
+           (int4_triton.py), any group
 
 A GGUF tensor arrives as a `GgufTensor` (its format name and raw rows, in Hugging Face's
 layout: [out, in], Q/K rows already in HF's order); float tensors of the file (norms, an
 F16 projection) arrive as plain tensors and stay plain. A layer fused from several
 tensors ([q; k; v]) keeps one kernel when their formats agree, else one per part.
-Q6_K on a CPU (groups of 16, which torch's kernel lacks) is expanded to the model's
-dtype at load, and the log says so.
+Without the CPU kernels, Q6_K (groups of 16, which torch's kernel lacks) is expanded to
+the model's dtype at load, and the log says so.
 
-The vocabulary keeps its codes (one byte a weight) for the embedding lookup, and builds
-the planes kernel for the LM head's logits the first time they are asked for.
+On a CPU with the kernels the vocabulary is one set of panels, for both the lookup and the
+LM head. Elsewhere it keeps its codes (one byte a weight) for the lookup and builds the
+planes kernel for the LM head's logits the first time they are asked for.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from cadence.quant import gguf_cpu
 from cadence.quant.base import EmbeddingMethod, ExpertsMethod, LinearMethod, QuantMethod, read
 from cadence.quant.gguf_blocks import Codes, decode, to_planes
 
@@ -50,14 +55,15 @@ class GgufTensor:
 
 
 def _kernel(codes: Codes, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    planes = to_planes(codes)
     if device.type == "cuda":
         from cadence.quant.int4_triton import Int4Planes
 
-        return Int4Planes(planes, device)
+        return Int4Planes(to_planes(codes), device)
     from cadence.quant import int4_cpu
 
-    if int4_cpu.supported(planes):
+    if gguf_cpu.available():
+        return gguf_cpu.PanelsCPU(codes)
+    if int4_cpu.supported(planes := to_planes(codes)):
         return int4_cpu.Int4PackCPU(planes, dtype)
     logger.info("GGUF groups of %d: expanded to %s at load (no CPU kernel)", codes.group, dtype)
     return _Dense(codes.dequantize().to(dtype))
@@ -177,10 +183,15 @@ class GgufEmbeddingMethod(EmbeddingMethod):
                 codes.bits,
             )
         device = layer.weight.device
-        layer.gguf_codes = _CodesTable(codes, device)
+        if device.type == "cpu" and gguf_cpu.available():  # one table: lookups and logits
+            layer.gguf_logits = gguf_cpu.PanelsCPU(codes)
+        else:
+            layer.gguf_codes = _CodesTable(codes, device)
         layer.weight = None
 
     def embed(self, layer, ids):
+        if isinstance(layer.gguf_logits, gguf_cpu.PanelsCPU):
+            return layer.gguf_logits.rows(ids, layer.gguf_dtype)
         if layer.gguf_codes is None:
             return super().embed(layer, ids)
         return layer.gguf_codes.codes().rows(ids).to(layer.gguf_dtype)

@@ -16,6 +16,8 @@ from cadence.worker.runner_parts import RunnerParts
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_BYTES = 2 * 2**30
+# The default pool takes at most this share of the memory available at start-up.
+DEFAULT_CPU_KV_SHARE = 0.25
 
 
 def num_kv_blocks(runner: RunnerParts, per_block: int) -> int:
@@ -37,13 +39,36 @@ def num_kv_blocks(runner: RunnerParts, per_block: int) -> int:
 
 
 def _default_cpu_kv_bytes(runner: RunnerParts, per_block: int) -> int:
-    """DEFAULT_CPU_KV_BYTES, or less for a small model: at most twice what the scheduler
-    can fill at once (max_num_seqs sequences of max_model_len, a block list per KV group;
-    the other half keeps finished prompts for the prefix cache). A pool past that only
-    costs RAM and the start-up time of zeroing it."""
+    """DEFAULT_CPU_KV_BYTES, or less: at most twice what the scheduler can fill at once
+    (max_num_seqs sequences of max_model_len, a block list per KV group; the other half
+    keeps finished prompts for the prefix cache), and at most DEFAULT_CPU_KV_SHARE of the
+    memory available now. A pool past that only costs RAM (zeroed at start, it is resident
+    from the first second); `--kv-cache-memory` asks for more. The choice is logged."""
     per_seq = runner.max_blocks_per_seq * runner.kv_groups.num_groups
     most = 2 * runner.config.scheduler.max_num_seqs * per_seq + 1
-    return min(DEFAULT_CPU_KV_BYTES, most * per_block)
+    limits = {
+        "the default": DEFAULT_CPU_KV_BYTES,
+        "twice max_num_seqs x max_model_len": most * per_block,
+    }
+    if (available := _available_memory()) is not None:
+        limits[f"{DEFAULT_CPU_KV_SHARE:.0%} of the available memory"] = int(
+            available * DEFAULT_CPU_KV_SHARE
+        )
+    reason, budget = min(limits.items(), key=lambda item: item[1])
+    logger.info("CPU KV pool: %.0f MiB (%s; --kv-cache-memory sets it)", budget / 2**20, reason)
+    return budget
+
+
+def _available_memory() -> int | None:
+    """MemAvailable in bytes (Linux), or None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @torch.inference_mode()

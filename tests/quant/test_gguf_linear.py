@@ -1,6 +1,7 @@
 """GGUF layers keep their blocks packed and multiply exactly as the dequantized weight would:
-every format through the CPU kernel (or the dense fallback for Q6_K's groups of 16),
-fused projections of mixed formats, and the vocabulary's lookup and logits."""
+every format through the CPU panels (gguf_cpu.py; without the built kernels, torch's int4
+kernel or the dense fallback for Q6_K's groups of 16), fused projections of mixed formats,
+and the vocabulary's lookup and logits."""
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from test_gguf_blocks import random_blocks
 
 from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from cadence.layers.linear import ColumnParallelLinear, ColumnShard, RowParallelLinear
+from cadence.quant import gguf_cpu
 from cadence.quant.base import finish_loading, quant_scope
 from cadence.quant.gguf import GgufQuant, GgufTensor
 from cadence.quant.gguf_blocks import BLOCKS, decode
@@ -37,7 +39,10 @@ def test_linear_matches_the_dequantized_weight(kind):
     layer.load("weight", src)
     finish_loading(layer)
     assert layer.weight is None  # nothing expanded is kept
-    expect_kernel = Int4PackCPU if kind != "Q6_K" else torch.nn.Module
+    if gguf_cpu.available():
+        expect_kernel = gguf_cpu.PanelsCPU
+    else:
+        expect_kernel = Int4PackCPU if kind != "Q6_K" else torch.nn.Module
     assert isinstance(layer.kernels[0], expect_kernel)
     for rows in (5, 400):  # the packed kernel; expanded once for a prefill-sized call
         x = torch.randn(rows, k)

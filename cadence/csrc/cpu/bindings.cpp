@@ -16,6 +16,11 @@
 //   bind_threads(cores)                      pin the intra-op threads, one to a core
 //   expand_int4(out, packed, sz, group, acc, block_rows)
 //                                            a packed int4 weight, expanded as W^T [K, N]
+//   panel_gemm(out, x, q, sc, group, bits, generic)
+//                                            x W^T from GGUF codes in 16-row panels
+//   expand_panels(out, q, sc, group, bits)   the panels expanded as W^T [K, N]
+//   panel_rows(out, q, sc, rows, n, group, bits)
+//                                            rows of the panels' W (embedding lookups)
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -34,6 +39,12 @@ void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
                      double scale, int64_t window, double softcap);
 void expand_int4(torch::Tensor out, torch::Tensor packed, torch::Tensor scales_zeros,
                  int64_t group, bool accumulate, int64_t block_rows);
+void panel_gemm(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor sc,
+                int64_t group, int64_t bits, bool generic);
+void expand_panels(torch::Tensor out, torch::Tensor q, torch::Tensor sc, int64_t group,
+                   int64_t bits);
+void panel_rows(torch::Tensor out, torch::Tensor q, torch::Tensor sc, torch::Tensor rows,
+                int64_t n, int64_t group, int64_t bits);
 void bind_threads(std::vector<int64_t> cores);
 }  // namespace cadence_cpu
 
@@ -45,6 +56,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");
   m.def("bind_threads", &bind_threads, "pin OpenMP thread i to cores[i]");
+  m.def("panel_gemm", &panel_gemm, "x W^T from GGUF codes in 16-row panels");
+  m.def("expand_panels", &expand_panels, "the panels' W^T [K, N]");
+  m.def("panel_rows", &panel_rows, "rows of the panels' W");
   m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight as W^T [K, rows]");
 }
 

@@ -1,0 +1,125 @@
+"""GGUF codes in 16-row panels (cadence/quant/gguf_cpu.py, cadence/csrc/cpu/panel_gemm.cpp):
+every format multiplies as its dequantized weight does, at every batch size the tiles cut
+(1 to 6 rows, the remainders, the prefill path), in float32 and bf16; the AVX2 tile equals
+the portable loop; the vocabulary's one table serves lookups and logits."""
+
+import pytest
+import torch
+from test_gguf_blocks import random_blocks
+
+from cadence.quant import gguf_cpu
+from cadence.quant.gguf_blocks import BLOCKS, decode
+
+pytestmark = pytest.mark.skipif(
+    not gguf_cpu.available(), reason="the CPU kernels did not build here (no C++ compiler)"
+)
+
+
+def codes_of(kind: str, n: int, k: int, seed: int = 0):
+    return decode(kind, random_blocks(kind, n, k, seed), (n, k))
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_every_format_multiplies_as_its_dequantized_weight(kind):
+    n, k = 37, 512  # 37 rows: three panels, the last one cut short
+    codes = codes_of(kind, n, k)
+    panels = gguf_cpu.PanelsCPU(codes)
+    weight = codes.dequantize().double()
+    for rows in (1, 2, 3, 4, 5, 6, 7, 13, gguf_cpu.EXPAND_ROWS + 1):
+        x = torch.randn(rows, k)
+        want = (x.double() @ weight.t()).float()
+        got = panels(x)
+        assert got.shape == (rows, n) and got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("rows", [1, 6, 9, gguf_cpu.EXPAND_ROWS])
+def test_bf16_activations_sum_in_float32_and_round_once(rows):
+    codes = codes_of("Q4_1", 40, 256)
+    x = torch.randn(rows, 256, dtype=torch.bfloat16)
+    got = gguf_cpu.PanelsCPU(codes)(x)
+    want = (x.double() @ codes.dequantize().double().t()).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    # one rounding to bf16 (half an ulp: 2^-8 relative) and float32 sums
+    assert ((got.double() - want.double()).abs() <= want.double().abs() * 2**-7 + 1e-3).all()
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q6_K", "Q5_K"])
+def test_the_avx2_tile_equals_the_portable_loop(kind):
+    codes = codes_of(kind, 50, 256)
+    panels = gguf_cpu.PanelsCPU(codes)
+    for rows in (1, 4, 6, 11):
+        x = torch.randn(rows, 256)
+        fast, portable = torch.empty(rows, 50), torch.empty(rows, 50)
+        panels.ops.panel_gemm(fast, x, panels.q, panels.sc, panels.group, panels.bits, False)
+        panels.ops.panel_gemm(portable, x, panels.q, panels.sc, panels.group, panels.bits, True)
+        # the AVX2 tile unpacks with one rounding (a fused multiply-add), the loop with two
+        scale = portable.abs().max().item()
+        torch.testing.assert_close(fast, portable, rtol=1e-5, atol=1e-5 * scale)
+
+
+def test_scales_stay_float16_only_where_exact():
+    """Q4_0 / Q4_1 / Q8_0 keep the file's fp16 numbers; the K formats' products of two
+    scales need float32 (and are not rounded to fit)."""
+    assert gguf_cpu.PanelsCPU(codes_of("Q4_1", 16, 64)).sc.dtype == torch.float16
+    assert gguf_cpu.PanelsCPU(codes_of("Q8_0", 16, 64)).sc.dtype == torch.float16
+    k_quant = gguf_cpu.PanelsCPU(codes_of("Q4_K", 16, 256))
+    assert k_quant.sc.dtype == torch.float32
+    assert k_quant.bits == 4 and gguf_cpu.PanelsCPU(codes_of("Q6_K", 16, 256)).bits == 8
+
+
+def test_codes_of_four_bits_take_half_a_byte():
+    n, k = 64, 512
+    four = gguf_cpu.PanelsCPU(codes_of("Q4_1", n, k))
+    eight = gguf_cpu.PanelsCPU(codes_of("Q8_0", n, k))
+    assert four.q.numel() == n * k // 2 and eight.q.numel() == n * k
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q8_0", "Q6_K"])
+def test_expansion_and_row_lookups_are_the_dequantized_values(kind):
+    codes = codes_of(kind, 45, 256)
+    panels = gguf_cpu.PanelsCPU(codes)
+    weight = codes.dequantize()
+    assert torch.equal(panels.expand(torch.float32), weight.t())
+    ids = torch.tensor([[44, 0], [17, 17]])
+    assert torch.equal(panels.rows(ids, torch.float32), weight[ids])
+    assert torch.equal(panels.rows(ids, torch.bfloat16), weight[ids].to(torch.bfloat16))
+
+
+def test_a_lookup_outside_the_table_raises():
+    panels = gguf_cpu.PanelsCPU(codes_of("Q8_0", 20, 64))  # 20 rows, padded to 32
+    for bad in (20, 31, -1):
+        with pytest.raises(RuntimeError, match="outside the table"):
+            panels.rows(torch.tensor([0, bad]), torch.float32)
+
+
+def test_malformed_panels_are_refused_not_read():
+    panels = gguf_cpu.PanelsCPU(codes_of("Q4_1", 32, 64))
+    x, out = torch.randn(2, 64), torch.empty(2, 32)
+    with pytest.raises(RuntimeError, match="q must be"):
+        panels.ops.panel_gemm(out, x, panels.q[:1], panels.sc, 32, 4, False)
+    with pytest.raises(RuntimeError, match="sc must be"):
+        panels.ops.panel_gemm(out, x, panels.q, panels.sc.float()[:1], 32, 4, False)
+    with pytest.raises(RuntimeError, match="group"):
+        panels.ops.panel_gemm(out, x, panels.q, panels.sc, 48, 4, False)
+
+
+def test_prefill_products_run_float32_where_onednn_has_no_bf16_kernel():
+    dtype = gguf_cpu.gemm_dtype(torch.bfloat16)
+    assert dtype == (
+        torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    )
+    assert gguf_cpu.gemm_dtype(torch.float32) == torch.float32
+
+
+def test_a_table_too_large_to_expand_stays_on_the_panels(monkeypatch):
+    """An LM head's W^T in float32 would be a second copy of the model per call: past
+    EXPAND_BYTES a prefill-sized product runs on the panels (no mm at all)."""
+    monkeypatch.setattr(gguf_cpu, "EXPAND_BYTES", 64 * 64 * 4 - 1)
+    codes = codes_of("Q8_0", 64, 64)
+    panels = gguf_cpu.PanelsCPU(codes)
+    assert not panels.expandable
+    monkeypatch.setattr(torch, "mm", None)  # would raise if called
+    x = torch.randn(gguf_cpu.EXPAND_ROWS + 2, 64)
+    want = x.double() @ codes.dequantize().double().t()
+    torch.testing.assert_close(panels(x).double(), want, rtol=1e-5, atol=1e-4)
