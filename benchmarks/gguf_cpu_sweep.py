@@ -1,6 +1,7 @@
-"""The CPU GGUF product at 1, 4, 16 and 64 rows (issue 38's kernel figures): GB/s of weight
-bytes read and GFLOP/s, for the panels (cadence/quant/gguf_cpu.py) and torch's packed int4
-kernel they replace (cadence/quant/int4_cpu.py), on SmolLM2-135M's shapes, set against the
+"""The CPU weight products at 1, 4, 16 and 64 rows (issue 38's kernel figures): GB/s of weight
+bytes read and GFLOP/s, for the GGUF panels (cadence/quant/gguf_cpu.py) and torch's packed
+int4 kernel they replace (cadence/quant/int4_cpu.py), and for plain bf16 weights the panels
+(plain_cpu.py) against torch's F.linear, on SmolLM2-135M's shapes, set against the
 machine's measured memory bandwidth (a float32 sum over 256 MiB).
 
     .venv/bin/python benchmarks/gguf_cpu_sweep.py [--json OUT] [--threads N]
@@ -13,11 +14,14 @@ decode step's weight products (30 layers + the head) in ms.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 
 import torch
+import torch.nn.functional as F
 
+from cadence.quant import gguf_cpu
 from cadence.quant.gguf_blocks import Codes, to_planes
 from cadence.quant.gguf_cpu import PanelsCPU
 from cadence.quant.int4_cpu import Int4PackCPU
@@ -31,6 +35,7 @@ SHAPES = {  # name: (out, in, bits), SmolLM2-135M
     "lm_head": (49152, 576, 8),
 }
 ROWS = (1, 4, 16, 64)
+KERNELS = ("panels", "int4", "bf16-panels", "bf16-linear")
 
 
 def random_codes(n: int, k: int, bits: int, group: int = 32) -> Codes:
@@ -59,20 +64,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(KERNELS))
+    ap.add_argument(
+        "--expand-rows",
+        type=int,
+        default=gguf_cpu.EXPAND_ROWS,
+        help="rows from which the panels expand W^T for oneDNN's GEMM (a crossover sweep)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    gguf_cpu.EXPAND_ROWS = args.expand_rows
     bandwidth = memory_bandwidth()
     print(f"threads {args.threads}, memory bandwidth {bandwidth:.1f} GB/s")
     rows_out, step = [], {}
-    for name, (n, k, bits) in SHAPES.items():
+    for name in args.shapes:
+        n, k, bits = SHAPES[name]
         codes = random_codes(n, k, bits)
+        plain = torch.randn(n, k).mul(0.02).bfloat16()
         kernels = {
             "panels": PanelsCPU(codes),
             "int4": Int4PackCPU(to_planes(codes), torch.bfloat16),
+            "bf16-panels": PanelsCPU.from_plain(plain),
+            "bf16-linear": functools.partial(F.linear, weight=plain),
         }
-        for kernel_name, kernel in kernels.items():
-            weight_bytes = sum(b.numel() * b.element_size() for b in kernel.buffers())
-            for m in ROWS:
+        for kernel_name in args.kernels:
+            kernel = kernels[kernel_name]
+            if kernel_name == "bf16-linear":
+                weight_bytes = plain.numel() * plain.element_size()
+            else:
+                weight_bytes = sum(b.numel() * b.element_size() for b in kernel.buffers())
+            for m in args.rows:
                 if (
                     kernel_name == "int4"
                     and m >= 48
@@ -92,13 +115,13 @@ def main() -> None:
                 }
                 rows_out.append(row)
                 print(
-                    f"{name:8s} {kernel_name:6s} rows {m:3d}: {row['ms']:8.3f} ms "
+                    f"{name:8s} {kernel_name:11s} rows {m:3d}: {row['ms']:8.3f} ms "
                     f"{row['GB/s']:6.2f} GB/s ({row['GB/s'] / bandwidth:5.1%} of memory) "
                     f"{row['GFLOP/s']:6.1f} GFLOP/s"
                 )
     print("a decode step's weight products (30 layers + head), ms:")
     for (kernel_name, m), t in sorted(step.items()):
-        print(f"  {kernel_name:6s} rows {m:3d}: {t * 1e3:7.1f}")
+        print(f"  {kernel_name:11s} rows {m:3d}: {t * 1e3:7.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -22,7 +22,7 @@ from cadence.distributed.parallel_state import expert_parallel_scope, get_tp
 from cadence.loader.gguf import ensure_float_weights, gguf_source
 from cadence.loader.hf_config import read_config
 from cadence.models.registry import resolve_model_class
-from cadence.quant import mxfp4
+from cadence.quant import mxfp4, plain_cpu
 from cadence.quant.base import QuantMethod, finish_loading, quant_scope
 
 logger = logging.getLogger(__name__)
@@ -90,10 +90,16 @@ def quantization_config(config) -> dict | None:
 
 
 def select_quant(
-    requested: str, config, path: str, dtype: torch.dtype, load_format: str = "auto"
+    requested: str,
+    config,
+    path: str,
+    dtype: torch.dtype,
+    load_format: str = "auto",
+    device: torch.device | None = None,
 ) -> tuple[QuantMethod, Iterator[tuple[str, object]] | None]:
     """(the format the model is built in, its tensors when they are not the folder's
-    safetensors). `requested` is ModelConfig.quantization: auto | none | fp8 | gguf."""
+    safetensors). `requested` is ModelConfig.quantization: auto | none | fp8 | gguf.
+    Unquantized bf16 on a CPU without oneDNN bf16 kernels takes the panels (plain_cpu)."""
     from cadence.quant.fp8 import Fp8Quant, scheme_from_config
     from cadence.quant.gguf import GgufQuant
 
@@ -122,6 +128,8 @@ def select_quant(
         ensure_float_weights(path)  # the float path of a GGUF file: expanded once
     if requested == "fp8":
         return Fp8Quant(scheme), None
+    if device is not None and plain_cpu.wanted(dtype, device):
+        return plain_cpu.PanelQuant(), None
     return QuantMethod(), None
 
 
@@ -141,7 +149,7 @@ def load_model(
     file's blocks, the folder's safetensors, or random ones for `load_format="dummy"`.
     `expert_parallel`: a mixture's experts split whole across the TP ranks."""
     cls = resolve_model_class(config)
-    quant, weights = select_quant(quantization, config, path, dtype, load_format)
+    quant, weights = select_quant(quantization, config, path, dtype, load_format, device)
     t0 = time.perf_counter()
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -1,7 +1,8 @@
 """GGUF weights on a CPU, in their own codes: 16-row panels (cadence/csrc/cpu/panel_gemm.cpp).
 
 A product unpacks each weight once per call and multiplies it into every row of the batch
-(up to 4 rows per unpack, the rest from L1), so 16 rows cost far less than 16 one-row
+(a few rows straight from the registers; from 12 rows the panel unpacked once into a
+float32 buffer that every tile of rows reads), so 16 rows cost far less than 16 one-row
 products, which is what torch's packed int4 kernel (int4_cpu.py) charged. Every GGUF
 format fits: codes of up to 4 bits (Q4_0, Q4_1, Q4_K) two to a byte, wider codes (Q5_0,
 Q5_1, Q5_K, Q6_K, Q8_0) one to a byte, one scale and one offset per group (16 or 32
@@ -10,10 +11,16 @@ own fp16 numbers) and in float32 otherwise (the K formats' products of two scale
 
 Sums are float32 and the weights are exactly gguf_blocks' dequantized values, whatever the
 activations' dtype: in float32 the product equals x @ W.T of the dequantized W to the order
-of the sums. Prefill-sized products (EXPAND_ROWS rows and more) expand W^T once for the
-call and run oneDNN's GEMM, where a tuned float kernel beats unpacking per tile.
+of the sums. Prefill-sized products stay on the panels too (70-80 GFLOP/s on two AVX2
+cores, where expanding W^T for oneDNN's float32 GEMM reached 50-64), except where oneDNN
+has a native 16-bit GEMM (AVX-512 BF16, AMX): there products of EXPAND_ROWS rows and more
+expand W^T in the activations' dtype once for the call and run it.
 
 The vocabulary keeps one copy: the embedding lookup reads rows out of the LM head's panels.
+
+Plain bf16 weights take the same panels (`PanelsCPU.from_plain`, 16-bit "codes" with no
+scale) on a CPU where oneDNN has no bf16 kernel: there torch's bf16 F.linear is its
+reference loop, 2-4x slower than these panels at 4-16 rows (cadence/quant/plain_cpu.py).
 """
 
 from __future__ import annotations
@@ -27,8 +34,8 @@ from cadence.ops import cpu_ops
 from cadence.quant.gguf_blocks import Codes
 
 PANEL = 16  # weight rows a panel holds (two AVX2 vectors of float32)
-# From this many rows a product expands W^T and runs oneDNN's GEMM (benchmarks/
-# gguf_cpu_sweep.py on a 2-core AVX2 machine, SmolLM2's shapes: see benchmarks/RESULTS.md).
+# From this many rows a product expands W^T and runs oneDNN's native 16-bit GEMM, where the
+# CPU has one (benchmarks/gguf_cpu_sweep.py: see benchmarks/RESULTS.md).
 EXPAND_ROWS = 64
 # ...unless W^T would take more than this many bytes (an LM head: 49152 x 576 floats is
 # 113 MB a call, as much again as every weight of the model); those stay on the panels.
@@ -37,14 +44,19 @@ EXPAND_BYTES = 16 * 2**20
 
 @functools.cache
 def gemm_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a prefill-sized product runs oneDNN's GEMM in: a 16-bit one only where
-    oneDNN has a kernel for it on this CPU (AVX-512 BF16 / AMX). Without one (an AVX2 CPU)
-    its 16-bit GEMM is a reference loop, measured 40x slower than float32."""
+    """The dtype oneDNN's GEMM runs fast in for `dtype`: a 16-bit one only where oneDNN has
+    a kernel for it on this CPU (AVX-512 BF16 / AMX). Without one (an AVX2 CPU) its 16-bit
+    GEMM is a reference loop, measured 40x slower than float32."""
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return torch.float32
     if dtype == torch.float16 and not torch.ops.mkldnn._is_mkldnn_fp16_supported():
         return torch.float32
     return dtype
+
+
+def native_16bit(dtype: torch.dtype) -> bool:
+    """Whether `dtype` is 16-bit and oneDNN has a native GEMM for it on this CPU."""
+    return dtype in (torch.bfloat16, torch.float16) and gemm_dtype(dtype) == dtype
 
 
 def available() -> bool:
@@ -71,20 +83,43 @@ def pack(codes: Codes) -> tuple[torch.Tensor, torch.Tensor, int]:
     return q.contiguous(), (half if exact else sc).contiguous(), bits
 
 
-class PanelsCPU(nn.Module):
-    """x @ W.T for a GGUF weight W [out_features, in_features], from its codes in panels."""
+def pack_plain(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, sc) of the panel layout for a plain weight [N, K]: its bf16 values themselves
+    (bits 16), and one group of scale 1, offset 0."""
+    n, k = weight.shape
+    panels = -(-n // PANEL)
+    w = torch.nn.functional.pad(weight.to(torch.bfloat16), (0, 0, 0, panels * PANEL - n))
+    q = w.view(panels, PANEL, k).transpose(1, 2).contiguous().view(torch.uint8)  # [P, K, 32]
+    sc = torch.zeros(panels, 1, 2, PANEL, dtype=torch.float16)
+    sc[:, :, 0] = 1.0
+    return q, sc
 
-    def __init__(self, codes: Codes) -> None:
+
+class PanelsCPU(nn.Module):
+    """x @ W.T for a weight W [out_features, in_features] in panels: a GGUF weight's codes
+    (`PanelsCPU(codes)`) or a plain bf16 weight (`PanelsCPU.from_plain(weight)`)."""
+
+    def __init__(self, codes: Codes | None = None, *, plain: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.out_features, self.in_features = codes.v.shape
-        self.group = codes.group
+        if codes is not None:
+            self.out_features, self.in_features = codes.v.shape
+            self.group = codes.group
+            q, sc, self.bits = pack(codes)
+        else:
+            self.out_features, self.in_features = plain.shape
+            self.group, self.bits = self.in_features, 16
+            q, sc = pack_plain(plain)
         self.expandable = self.out_features * self.in_features * 4 <= EXPAND_BYTES
-        q, sc, self.bits = pack(codes)
         self.register_buffer("q", q)
         self.register_buffer("sc", sc)
         self.ops = cpu_ops.ops()
         if self.ops is None:
             raise RuntimeError("the CPU kernels are not built: PanelsCPU cannot run")
+
+    @classmethod
+    def from_plain(cls, weight: torch.Tensor) -> PanelsCPU:
+        """Panels of a plain weight [N, K], held in bf16 (exact for a bf16 weight)."""
+        return cls(plain=weight)
 
     def expand(self, dtype: torch.dtype) -> torch.Tensor:
         """W^T [in_features, out_features] in `dtype`."""
@@ -100,9 +135,8 @@ class PanelsCPU(nn.Module):
         return out.view(*index.shape, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= EXPAND_ROWS and self.expandable:
-            dtype = gemm_dtype(x.dtype)
-            return torch.mm(x.to(dtype), self.expand(dtype)).to(x.dtype)
+        if x.shape[0] >= EXPAND_ROWS and self.expandable and native_16bit(x.dtype):
+            return torch.mm(x, self.expand(x.dtype))
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
         self.ops.panel_gemm(out, x, self.q, self.sc, self.group, self.bits, False)
         return out

@@ -14,6 +14,9 @@ from cadence.attention.torch_ref import SHORT_QUERY, TorchAttentionBackend
 from cadence.ops import cpu_ops
 
 BS, HQ, HKV, D = 4, 4, 2, 8
+# (block size, head dim): the small default, and the head dims the CPU kernel's
+# register-blocked loops take (eight keys a step: blocks of 16 keys)
+SHAPES = [(BS, D), (16, 64), (16, 128)]
 
 
 def reference(q, keys, values, ctx, window=None, softcap=None, sinks=None):
@@ -27,7 +30,7 @@ def reference(q, keys, values, ctx, window=None, softcap=None, sinks=None):
     mask = torch.arange(total)[None, :] <= qpos
     if window is not None:
         mask &= torch.arange(total)[None, :] > qpos - window
-    scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * D**-0.5
+    scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * q.shape[-1] ** -0.5
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     scores = scores.masked_fill(~mask, float("-inf"))
@@ -50,19 +53,21 @@ def _backend(name: str):
 # "cpu": the same plan, short queries read straight from the block pool by the C++ kernel.
 @pytest.mark.parametrize("backend_name", ["torch", "cpu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("block_size", "head_dim"), SHAPES, ids=str)
 @pytest.mark.parametrize(
     ("window", "softcap", "with_sinks"),
     [(None, None, False), (5, None, False), (None, 0.5, False), (6, 0.5, False), (5, None, True)],
     ids=str,
 )
 def test_short_and_long_queries_equal_plain_attention(
-    backend_name, dtype, window, softcap, with_sinks
+    backend_name, dtype, block_size, head_dim, window, softcap, with_sinks
 ):
+    BS, D = block_size, head_dim  # noqa: N806 (the module's names, for this shape)
     g = torch.Generator().manual_seed(0)
     # sink logits around the scores' own size, so they take a real share of each row
     sinks = torch.randn(HQ, generator=g) * 2 if with_sinks else None
     qlens = [1, 3, SHORT_QUERY, SHORT_QUERY + 1, 5, 1]
-    ctxs = [7, 0, 12, 3, 30, 1]
+    ctxs = [7, 0, 12, 3, 70, 1]
     num_blocks = 64
     cache = torch.zeros(2, num_blocks, BS, HKV, D)
     perm = torch.randperm(num_blocks - 1, generator=g) + 1

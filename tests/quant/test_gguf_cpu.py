@@ -1,6 +1,6 @@
 """GGUF codes in 16-row panels (cadence/quant/gguf_cpu.py, cadence/csrc/cpu/panel_gemm.cpp):
 every format multiplies as its dequantized weight does, at every batch size the tiles cut
-(1 to 6 rows, the remainders, the prefill path), in float32 and bf16; the AVX2 tile equals
+(1 to 6 rows, the remainders, the prefill path), in float32 and bf16; the vector tile (AVX-512 or AVX2, as built) equals
 the portable loop; the vocabulary's one table serves lookups and logits."""
 
 import pytest
@@ -38,22 +38,28 @@ def test_bf16_activations_sum_in_float32_and_round_once(rows):
     codes = codes_of("Q4_1", 40, 256)
     x = torch.randn(rows, 256, dtype=torch.bfloat16)
     got = gguf_cpu.PanelsCPU(codes)(x)
-    want = (x.double() @ codes.dequantize().double().t()).to(torch.bfloat16)
+    weight = codes.dequantize().double()
+    want = (x.double() @ weight.t()).to(torch.bfloat16)
     assert got.dtype == torch.bfloat16
     # one rounding to bf16 (half an ulp: 2^-8 relative) and float32 sums
-    assert ((got.double() - want.double()).abs() <= want.double().abs() * 2**-7 + 1e-3).all()
+    bound = want.double().abs() * 2**-7 + 1e-3
+    if rows >= gguf_cpu.EXPAND_ROWS and gguf_cpu.gemm_dtype(torch.bfloat16) == torch.bfloat16:
+        # where oneDNN has a bf16 GEMM (AVX-512 BF16, AMX) the expansion is bf16: each
+        # weight rounded once more
+        bound += (x.double().abs() @ weight.abs().t()) * 2**-8
+    assert ((got.double() - want.double()).abs() <= bound).all()
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q6_K", "Q5_K"])
-def test_the_avx2_tile_equals_the_portable_loop(kind):
+def test_the_vector_tile_equals_the_portable_loop(kind):
     codes = codes_of(kind, 50, 256)
     panels = gguf_cpu.PanelsCPU(codes)
-    for rows in (1, 4, 6, 11):
+    for rows in (1, 4, 6, 11, 12, 25):  # AVX2 tiles of 6 rows, AVX-512 of 12
         x = torch.randn(rows, 256)
         fast, portable = torch.empty(rows, 50), torch.empty(rows, 50)
         panels.ops.panel_gemm(fast, x, panels.q, panels.sc, panels.group, panels.bits, False)
         panels.ops.panel_gemm(portable, x, panels.q, panels.sc, panels.group, panels.bits, True)
-        # the AVX2 tile unpacks with one rounding (a fused multiply-add), the loop with two
+        # the vector tile unpacks with one rounding (a fused multiply-add), the loop with two
         scale = portable.abs().max().item()
         torch.testing.assert_close(fast, portable, rtol=1e-5, atol=1e-5 * scale)
 
@@ -104,12 +110,19 @@ def test_malformed_panels_are_refused_not_read():
         panels.ops.panel_gemm(out, x, panels.q, panels.sc, 48, 4, False)
 
 
-def test_prefill_products_run_float32_where_onednn_has_no_bf16_kernel():
-    dtype = gguf_cpu.gemm_dtype(torch.bfloat16)
-    assert dtype == (
-        torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
-    )
-    assert gguf_cpu.gemm_dtype(torch.float32) == torch.float32
+def test_prefill_products_expand_only_where_onednn_has_a_native_16bit_gemm(monkeypatch):
+    """Without one (AVX2) the panels' buffered tiles beat expanding W^T for oneDNN's float32
+    GEMM at every size measured; with one (AVX-512 BF16, AMX) its 16-bit GEMM wins."""
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert gguf_cpu.native_16bit(torch.bfloat16) == native
+    assert not gguf_cpu.native_16bit(torch.float32)
+    panels = gguf_cpu.PanelsCPU(codes_of("Q4_1", 32, 64))
+    expanded, expand = [], panels.expand
+    monkeypatch.setattr(panels, "expand", lambda dtype: expanded.append(dtype) or expand(dtype))
+    panels(torch.randn(gguf_cpu.EXPAND_ROWS, 64, dtype=torch.bfloat16))
+    panels(torch.randn(gguf_cpu.EXPAND_ROWS, 64))
+    panels(torch.randn(gguf_cpu.EXPAND_ROWS - 1, 64, dtype=torch.bfloat16))
+    assert expanded == ([torch.bfloat16] if native else [])
 
 
 def test_a_table_too_large_to_expand_stays_on_the_panels(monkeypatch):

@@ -3,7 +3,96 @@
 
 #include "common.h"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CADENCE_ATTN_AVX2 1
+#endif
+
 namespace cadence_cpu {
+
+// ---- register-blocked inner loops (head dims that are multiples of 64) -------------------
+//
+// Scores: eight keys at a time, eight sums kept in registers over the head dim and
+// finished together by one tree of horizontal adds (a dot product per key would end each
+// key with its own horizontal sum: as many instructions again as its multiplies at
+// D = 64). Values: the output row's 64-float slices held in eight registers while every
+// key of a block adds its weighted row into them (no load and store of the sums per key).
+
+#ifdef CADENCE_ATTN_AVX2
+// Lane i of the result = the sum of a_i's eight lanes.
+inline __m256 lane_sums(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                        __m256 a6, __m256 a7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// out[i] = scale * (q . k_i) for the eight rows k_0..k_7 (contiguous rows of D floats).
+inline void scores8(const float* q, const float* k, int64_t D, float scale, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + d);
+    a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
+    a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + D + d), a1);
+    a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * D + d), a2);
+    a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * D + d), a3);
+    a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 4 * D + d), a4);
+    a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 5 * D + d), a5);
+    a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 6 * D + d), a6);
+    a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 7 * D + d), a7);
+  }
+  _mm256_storeu_ps(out, _mm256_mul_ps(lane_sums(a0, a1, a2, a3, a4, a5, a6, a7),
+                                      _mm256_set1_ps(scale)));
+}
+
+// acc[0..D) += sum over j < n of w[j] v_j (rows v_j of D floats, D a multiple of 64).
+inline void weighted_rows(float* acc, const float* w, const float* v, int64_t n, int64_t D) {
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    float* a = acc + d0;
+    __m256 s0 = _mm256_loadu_ps(a), s1 = _mm256_loadu_ps(a + 8), s2 = _mm256_loadu_ps(a + 16),
+           s3 = _mm256_loadu_ps(a + 24), s4 = _mm256_loadu_ps(a + 32), s5 = _mm256_loadu_ps(a + 40),
+           s6 = _mm256_loadu_ps(a + 48), s7 = _mm256_loadu_ps(a + 56);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 wj = _mm256_broadcast_ss(w + j);
+      const float* r = v + j * D + d0;
+      s0 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r), s0);
+      s1 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 8), s1);
+      s2 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 16), s2);
+      s3 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 24), s3);
+      s4 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 32), s4);
+      s5 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 40), s5);
+      s6 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 48), s6);
+      s7 = _mm256_fmadd_ps(wj, _mm256_loadu_ps(r + 56), s7);
+    }
+    _mm256_storeu_ps(a, s0), _mm256_storeu_ps(a + 8, s1), _mm256_storeu_ps(a + 16, s2);
+    _mm256_storeu_ps(a + 24, s3), _mm256_storeu_ps(a + 32, s4), _mm256_storeu_ps(a + 40, s5);
+    _mm256_storeu_ps(a + 48, s6), _mm256_storeu_ps(a + 56, s7);
+  }
+}
+#endif
+
+// scores[j] = scale * (q . row_j) for the n rows of D floats: eight keys a step where the
+// head dim allows (DC a multiple of 64), one dot product a key otherwise.
+template <int DC>
+inline void block_scores(const float* q, const float* rows, int64_t D, int64_t n, float scale,
+                         float* scores) {
+  int64_t j = 0;
+#ifdef CADENCE_ATTN_AVX2
+  if constexpr (DC > 0 && DC % 64 == 0)
+    for (; j + 8 <= n; j += 8) scores8(q, rows + j * D, D, scale, scores + j);
+#endif
+  for (; j < n; ++j) scores[j] = dot(q, rows + j * D, D) * scale;
+}
+
+// acc[0..D) += sum over j < n of w[j] row_j.
+template <int DC>
+inline void block_values(float* acc, const float* w, const float* rows, int64_t D, int64_t n) {
+#ifdef CADENCE_ATTN_AVX2
+  if constexpr (DC > 0 && DC % 64 == 0) return weighted_rows(acc, w, rows, n, D);
+#endif
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t d = 0; d < D; ++d) acc[d] += w[j] * rows[j * D + d];
+}
 
 // ---- paged attention for short queries ------------------------------------------------
 
@@ -38,12 +127,12 @@ void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride
     const int64_t j1 = std::min(block_size, keys - blk * block_size);
     const T* base = kc + table[blk] * block_size * slot_stride + kvh * D;
     for (int64_t j = j0; j < j1; ++j) widen(base + j * slot_stride, &rows[j * D], D);
-    for (int64_t g = 0; g < group; ++g)
-      for (int64_t j = j0; j < j1; ++j) {
-        float sc = dot(&qf[g * D], &rows[j * D], D) * scale;
-        if (softcap > 0.0f) sc = std::tanh(sc / softcap) * softcap;  // Gemma 2's order
-        scores[g * span + blk * block_size + j - lo] = sc;
-      }
+    for (int64_t g = 0; g < group; ++g) {
+      float* s = &scores[g * span + blk * block_size + j0 - lo];  // key blk * block_size + j0
+      block_scores<DC>(&qf[g * D], &rows[j0 * D], D, j1 - j0, scale, s);
+      if (softcap > 0.0f)
+        for (int64_t j = 0; j < j1 - j0; ++j) s[j] = std::tanh(s[j] / softcap) * softcap;  // Gemma 2
+    }
   }
   for (int64_t g = 0; g < group; ++g) {
     float* s = &scores[g * span];
@@ -60,14 +149,9 @@ void attend_unit(T* out, const T* q, int64_t q_tok_stride, int64_t q_head_stride
     const int64_t j1 = std::min(block_size, keys - blk * block_size);
     const T* base = vc + table[blk] * block_size * slot_stride + kvh * D;
     for (int64_t j = j0; j < j1; ++j) widen(base + j * slot_stride, &rows[j * D], D);
-    for (int64_t g = 0; g < group; ++g) {
-      float* a = &acc[g * D];
-      for (int64_t j = j0; j < j1; ++j) {
-        const float w = scores[g * span + blk * block_size + j - lo];
-        const float* v = &rows[j * D];
-        for (int64_t d = 0; d < D; ++d) a[d] += w * v[d];
-      }
-    }
+    for (int64_t g = 0; g < group; ++g)
+      block_values<DC>(&acc[g * D], &scores[g * span + blk * block_size + j0 - lo], &rows[j0 * D],
+                       D, j1 - j0);
   }
   for (int64_t g = 0; g < group; ++g) {
     T* o = out + row * o_tok_stride + (kvh * group + g) * o_head_stride;

@@ -7,6 +7,10 @@
 //
 //   q    uint8 [P, K, 8]   bits <= 4: byte j = v[16p + j, k] | v[16p + 8 + j, k] << 4
 //        uint8 [P, K, 16]  bits <= 8: byte j = v[16p + j, k]
+//        uint8 [P, K, 32]  bits 16: bf16 weights themselves (plain bf16 models on a CPU
+//                          without oneDNN bf16 kernels: gguf_cpu.PanelsCPU.from_plain),
+//                          half-word j = W[16p + j, k]; sc is then one group (K) of s = 1,
+//                          c = 0, which the unpacking skips
 //   sc   [P, K / group, 2, 16] float16 (where every value is exact in it) or float32:
 //        [p, g, 0, j] = s[16p + j, g], [p, g, 1, j] = c[16p + j, g]
 //
@@ -17,7 +21,9 @@
 // horizontal sums. Torch's int4 kernel, which this replaces, unpacked every weight again
 // for every row of the batch. On a 2-core AVX2 machine (benchmarks/gguf_cpu_sweep.py) a
 // tile of 6 rows runs at 2.5-3x the one-row rate: the unpacking, not memory, bounds one
-// row.
+// row. The build (-march=native, cpu_ops.py) picks the widest tile the CPU has: AVX-512
+// (a panel's 16 weights are one register; tiles of 12 rows), AVX2 (two registers; 6
+// rows), else the portable loop.
 
 #include "common.h"
 
@@ -25,11 +31,20 @@
 #include <immintrin.h>
 #define CADENCE_PANEL_AVX2 1
 #endif
+#if defined(__AVX512F__)
+#define CADENCE_PANEL_AVX512 1
+#endif
 
 namespace cadence_cpu {
 
 constexpr int64_t PANEL = 16;  // rows of W a panel holds
-constexpr int MR = 6;          // batch rows a tile multiplies (2 MR accumulators + temps)
+// Batch rows a tile multiplies: its sums fill the registers (AVX-512: 32 of 16 floats, 12
+// rows of one; AVX2: 16 of 8 floats, 6 rows of two) with room for the weights and scales.
+#ifdef CADENCE_PANEL_AVX512
+constexpr int MR = 12;
+#else
+constexpr int MR = 6;
+#endif
 
 // A panel's scale and offset vectors for one group, widened to float32.
 template <typename S>
@@ -39,22 +54,29 @@ inline void group_scales(const S* sc, float* out) {
 
 // ---- the portable path (and the reference the tests hold the AVX2 path to) ---------------
 
+// Bytes of q per column k of a panel. Bits 32 is internal: a panel already unpacked into
+// float32 weights [K, 16] (unpack_panel), which a tile reads with no arithmetic.
+constexpr int64_t panel_bytes(int bits) { return bits * 2; }
+
+// The panel's weight j at column k before its scale: a code, or (Bits 16) the bf16 weight.
 template <int Bits>
-inline int panel_code(const uint8_t* qk, int j) {
-  if constexpr (Bits == 4) return j < 8 ? (qk[j] & 15) : (qk[j - 8] >> 4);
-  return qk[j];
+inline float panel_code(const uint8_t* qk, int j) {
+  if constexpr (Bits == 4) return static_cast<float>(j < 8 ? (qk[j] & 15) : (qk[j - 8] >> 4));
+  if constexpr (Bits == 16) return load_f(reinterpret_cast<const c10::BFloat16*>(qk), j);
+  if constexpr (Bits == 32) return reinterpret_cast<const float*>(qk)[j];
+  return static_cast<float>(qk[j]);
 }
 
 template <int Bits, typename S>
 void panel_tile_generic(const float* x, int64_t ldx, int mr, const uint8_t* q, const S* sc,
                         int64_t K, int64_t group, float* acc /* [mr, 16] */) {
-  constexpr int64_t per_k = Bits == 4 ? 8 : 16;
+  constexpr int64_t per_k = panel_bytes(Bits);
   float sg[2 * PANEL], w[PANEL];
   for (int64_t k = 0; k < K; ++k) {
     if (k % group == 0) group_scales(sc + (k / group) * 2 * PANEL, sg);
     const uint8_t* qk = q + k * per_k;
     for (int j = 0; j < PANEL; ++j)
-      w[j] = static_cast<float>(panel_code<Bits>(qk, j)) * sg[j] + sg[PANEL + j];
+      w[j] = Bits == 32 ? panel_code<Bits>(qk, j) : panel_code<Bits>(qk, j) * sg[j] + sg[PANEL + j];
     for (int r = 0; r < mr; ++r) {
       const float xv = x[r * ldx + k];
       for (int j = 0; j < PANEL; ++j) acc[r * PANEL + j] += xv * w[j];
@@ -73,17 +95,26 @@ inline __m256 load8(const c10::Half* p) {  // F16C: c10's scalar conversion cost
 template <int Bits>
 inline void unpack(const uint8_t* q, int64_t k, __m256 s0, __m256 s1, __m256 c0, __m256 c1,
                    __m256& w0, __m256& w1) {
-  __m256i v0, v1;
-  if constexpr (Bits == 4) {
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 8)));
-    v0 = _mm256_and_si256(b, _mm256_set1_epi32(15));
-    v1 = _mm256_srli_epi32(b, 4);
+  if constexpr (Bits == 32) {  // unpacked already
+    w0 = _mm256_loadu_ps(reinterpret_cast<const float*>(q + k * 64));
+    w1 = _mm256_loadu_ps(reinterpret_cast<const float*>(q + k * 64) + 8);
+  } else if constexpr (Bits == 16) {  // bf16: a float's high half; no scale (s = 1, c = 0)
+    const __m128i* p = reinterpret_cast<const __m128i*>(q + k * 32);
+    w0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p)), 16));
+    w1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p + 1)), 16));
   } else {
-    v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 16)));
-    v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 16 + 8)));
+    __m256i v0, v1;
+    if constexpr (Bits == 4) {
+      const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 8)));
+      v0 = _mm256_and_si256(b, _mm256_set1_epi32(15));
+      v1 = _mm256_srli_epi32(b, 4);
+    } else {
+      v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 16)));
+      v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + k * 16 + 8)));
+    }
+    w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v0), s0, c0);
+    w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v1), s1, c1);
   }
-  w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v0), s0, c0);
-  w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v1), s1, c1);
 }
 
 // MR_ rows of x against one panel, all of K. The sums are named locals, not an array: GCC
@@ -124,10 +155,79 @@ inline void panel_tile_avx2(const float* x, int64_t ldx, const uint8_t* q, const
 #undef CADENCE_ROW
 #endif
 
+#ifdef CADENCE_PANEL_AVX512
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The panel's 16 weights at column k in one register: w = v s + c (bf16: the weights).
+template <int Bits>
+inline __m512 unpack16(const uint8_t* q, int64_t k, __m512 s, __m512 c) {
+  if constexpr (Bits == 32) {  // unpacked already
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(q + k * 64));
+  } else if constexpr (Bits == 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 32));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else {
+    __m128i b;
+    if constexpr (Bits == 4) {  // bytes 0-7: rows 0-7 in the low nibbles, 8-15 in the high
+      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8));
+      const __m128i nib = _mm_set1_epi8(15);
+      b = _mm_unpacklo_epi64(_mm_and_si128(x, nib), _mm_and_si128(_mm_srli_epi16(x, 4), nib));
+    } else {
+      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16));
+    }
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), s, c);
+  }
+}
+
+#define CADENCE_ROW16(r, A) \
+  if constexpr (MR_ > r) A = _mm512_fmadd_ps(w, _mm512_set1_ps(x[r * ldx + k]), A);
+
+template <int Bits, int MR_, typename S>
+inline void panel_tile_avx512(const float* x, int64_t ldx, const uint8_t* q, const S* sc,
+                              int64_t K, int64_t group, float* acc) {
+  static_assert(MR_ >= 1 && MR_ <= 12, "tiles of 1 to 12 rows");
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+  __m512 a6 = a0, a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0;
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    const S* sgp = sc + (g0 / group) * 2 * PANEL;
+    const __m512 s = load16(sgp), c = load16(sgp + PANEL);
+    for (int64_t k = g0; k < g0 + group; ++k) {
+      const __m512 w = unpack16<Bits>(q, k, s, c);
+      CADENCE_ROW16(0, a0) CADENCE_ROW16(1, a1) CADENCE_ROW16(2, a2) CADENCE_ROW16(3, a3)
+      CADENCE_ROW16(4, a4) CADENCE_ROW16(5, a5) CADENCE_ROW16(6, a6) CADENCE_ROW16(7, a7)
+      CADENCE_ROW16(8, a8) CADENCE_ROW16(9, a9) CADENCE_ROW16(10, a10) CADENCE_ROW16(11, a11)
+    }
+  }
+  const __m512 sums[12] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+  for (int r = 0; r < MR_; ++r) _mm512_storeu_ps(acc + r * PANEL, sums[r]);
+}
+#undef CADENCE_ROW16
+#endif
+
 template <int Bits, typename S>
 void panel_tile(const float* x, int64_t ldx, int mr, const uint8_t* q, const S* sc,
                 int64_t K, int64_t group, float* acc, bool generic) {
-#ifdef CADENCE_PANEL_AVX2
+#if defined(CADENCE_PANEL_AVX512)
+  if (!generic) {
+    switch (mr) {
+      case 1: return panel_tile_avx512<Bits, 1>(x, ldx, q, sc, K, group, acc);
+      case 2: return panel_tile_avx512<Bits, 2>(x, ldx, q, sc, K, group, acc);
+      case 3: return panel_tile_avx512<Bits, 3>(x, ldx, q, sc, K, group, acc);
+      case 4: return panel_tile_avx512<Bits, 4>(x, ldx, q, sc, K, group, acc);
+      case 5: return panel_tile_avx512<Bits, 5>(x, ldx, q, sc, K, group, acc);
+      case 6: return panel_tile_avx512<Bits, 6>(x, ldx, q, sc, K, group, acc);
+      case 7: return panel_tile_avx512<Bits, 7>(x, ldx, q, sc, K, group, acc);
+      case 8: return panel_tile_avx512<Bits, 8>(x, ldx, q, sc, K, group, acc);
+      case 9: return panel_tile_avx512<Bits, 9>(x, ldx, q, sc, K, group, acc);
+      case 10: return panel_tile_avx512<Bits, 10>(x, ldx, q, sc, K, group, acc);
+      case 11: return panel_tile_avx512<Bits, 11>(x, ldx, q, sc, K, group, acc);
+      default: return panel_tile_avx512<Bits, 12>(x, ldx, q, sc, K, group, acc);
+    }
+  }
+#elif defined(CADENCE_PANEL_AVX2)
   if (!generic) {
     switch (mr) {
       case 1: return panel_tile_avx2<Bits, 1>(x, ldx, q, sc, K, group, acc);
@@ -135,7 +235,7 @@ void panel_tile(const float* x, int64_t ldx, int mr, const uint8_t* q, const S* 
       case 3: return panel_tile_avx2<Bits, 3>(x, ldx, q, sc, K, group, acc);
       case 4: return panel_tile_avx2<Bits, 4>(x, ldx, q, sc, K, group, acc);
       case 5: return panel_tile_avx2<Bits, 5>(x, ldx, q, sc, K, group, acc);
-      default: return panel_tile_avx2<Bits, MR>(x, ldx, q, sc, K, group, acc);
+      default: return panel_tile_avx2<Bits, 6>(x, ldx, q, sc, K, group, acc);
     }
   }
 #endif
@@ -143,19 +243,58 @@ void panel_tile(const float* x, int64_t ldx, int mr, const uint8_t* q, const S* 
   panel_tile_generic<Bits>(x, ldx, mr, q, sc, K, group, acc);
 }
 
+// A panel's weights as float32 [K, 16] in w: the vector tiles' own unpacking (the same
+// rounding), stored once for every tile of the call to read.
+template <int Bits, typename S>
+void unpack_panel(const uint8_t* q, const S* sc, int64_t K, int64_t group, float* w) {
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    const S* sgp = sc + (g0 / group) * 2 * PANEL;
+#if defined(CADENCE_PANEL_AVX512)
+    const __m512 s = load16(sgp), c = load16(sgp + PANEL);
+    for (int64_t k = g0; k < g0 + group; ++k) _mm512_storeu_ps(w + k * PANEL, unpack16<Bits>(q, k, s, c));
+#elif defined(CADENCE_PANEL_AVX2)
+    const __m256 s0 = load8(sgp), s1 = load8(sgp + 8), c0 = load8(sgp + 16), c1 = load8(sgp + 24);
+    for (int64_t k = g0; k < g0 + group; ++k) {
+      __m256 w0, w1;
+      unpack<Bits>(q, k, s0, s1, c0, c1, w0, w1);
+      _mm256_storeu_ps(w + k * PANEL, w0);
+      _mm256_storeu_ps(w + k * PANEL + 8, w1);
+    }
+#else
+    float sg[2 * PANEL];
+    group_scales(sgp, sg);
+    for (int64_t k = g0; k < g0 + group; ++k)
+      for (int j = 0; j < PANEL; ++j)
+        w[k * PANEL + j] = panel_code<Bits>(q + k * panel_bytes(Bits), j) * sg[j] + sg[PANEL + j];
+#endif
+  }
+}
+
+// From this many batch rows a panel is unpacked once into a float32 buffer (K x 16: 36 KiB
+// at K = 576, within L2) that every tile of rows reads, instead of each tile unpacking it
+// again: the unpacking was a third of a 16-row product's time on a 2-core AVX2 machine.
+constexpr int64_t BUFFER_ROWS = 2 * MR;
+
 template <typename T, int Bits, typename S>
 void panel_gemm_impl(T* out, const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* q,
                      const S* sc, int64_t group, bool generic) {
-  const int64_t panels = (N + PANEL - 1) / PANEL, per_k = Bits == 4 ? 8 : 16;
+  const int64_t panels = (N + PANEL - 1) / PANEL, per_k = panel_bytes(Bits);
+  const bool buffered = !generic && M >= BUFFER_ROWS;
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     float acc[MR * PANEL];
+    std::vector<float> unpacked(buffered ? K * PANEL : 0);
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* qp = q + p * K * per_k;
       const S* sp = sc + p * (K / group) * 2 * PANEL;
       const int64_t n0 = p * PANEL, width = std::min(PANEL, N - n0);
+      if (buffered) unpack_panel<Bits>(qp, sp, K, group, unpacked.data());
+      const uint8_t* wp = reinterpret_cast<const uint8_t*>(unpacked.data());
       for (int64_t m0 = 0; m0 < M; m0 += MR) {
         const int mr = static_cast<int>(std::min<int64_t>(MR, M - m0));
-        panel_tile<Bits>(x + m0 * K, K, mr, qp, sp, K, group, acc, generic);
+        if (buffered)
+          panel_tile<32>(x + m0 * K, K, mr, wp, sp, K, group, acc, false);
+        else
+          panel_tile<Bits>(x + m0 * K, K, mr, qp, sp, K, group, acc, generic);
         for (int r = 0; r < mr; ++r)
           for (int64_t j = 0; j < width; ++j) store_t(out + (m0 + r) * N + n0, j, acc[r * PANEL + j]);
       }
@@ -165,12 +304,12 @@ void panel_gemm_impl(T* out, const float* x, int64_t M, int64_t N, int64_t K, co
 
 void check_panels(const at::Tensor& q, const at::Tensor& sc, int64_t n, int64_t k,
                   int64_t group, int64_t bits) {
-  TORCH_CHECK(bits == 4 || bits == 8, "panels hold 4- or 8-bit codes");
+  TORCH_CHECK(bits == 4 || bits == 8 || bits == 16, "panels hold 4- or 8-bit codes or bf16");
   TORCH_CHECK(group > 0 && k % group == 0, "the group must divide K");
   const int64_t panels = (n + PANEL - 1) / PANEL;
   TORCH_CHECK(q.is_contiguous() && q.scalar_type() == at::kByte &&
-                  q.numel() == panels * k * (bits == 4 ? 8 : 16),
-              "q must be uint8 [P, K, ", bits == 4 ? 8 : 16, "]");
+                  q.numel() == panels * k * panel_bytes(bits),
+              "q must be uint8 [P, K, ", panel_bytes(bits), "]");
   TORCH_CHECK(sc.is_contiguous() && (sc.scalar_type() == at::kHalf || sc.scalar_type() == at::kFloat) &&
                   sc.numel() == panels * (k / group) * 2 * PANEL,
               "sc must be float16 or float32 [P, K / group, 2, 16]");
@@ -182,8 +321,10 @@ void dispatch_panels(int64_t bits, const at::Tensor& sc, Fn fn) {
   const bool half = sc.scalar_type() == at::kHalf;
   if (bits == 4)
     half ? fn(std::integral_constant<int, 4>(), c10::Half()) : fn(std::integral_constant<int, 4>(), 0.0f);
-  else
+  else if (bits == 8)
     half ? fn(std::integral_constant<int, 8>(), c10::Half()) : fn(std::integral_constant<int, 8>(), 0.0f);
+  else
+    half ? fn(std::integral_constant<int, 16>(), c10::Half()) : fn(std::integral_constant<int, 16>(), 0.0f);
 }
 
 // out [M, N] = x [M, K] W^T, x and out in one dtype; `generic` forces the portable loop.
@@ -193,13 +334,22 @@ void panel_gemm(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64
   TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.size(0) == x.size(0), "out must match x");
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   check_panels(q, sc, N, K, group, bits);
-  // float32 rows to broadcast from: a copy when x is 16-bit (M K values, read MR at a time)
-  const at::Tensor x32 = x.scalar_type() == at::kFloat ? x.contiguous() : x.to(at::kFloat).contiguous();
+  const at::Tensor xc = x.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_gemm", [&] {
+    // float32 rows to broadcast from: 16-bit rows widened into this thread's buffer (a
+    // torch conversion per call cost ~13 us of allocation and dispatch: 1.5 ms a decode
+    // step of SmolLM2's 120 products)
+    const float* x32 = reinterpret_cast<const float*>(xc.data_ptr());
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      thread_local std::vector<float> widened;
+      widened.resize(M * K);
+      widen(xc.data_ptr<scalar_t>(), widened.data(), M * K);
+      x32 = widened.data();
+    }
     dispatch_panels(bits, sc, [&](auto b, auto s) {
       using S = decltype(s);
       panel_gemm_impl<scalar_t, decltype(b)::value, S>(
-          out.data_ptr<scalar_t>(), x32.data_ptr<float>(), M, N, K, q.data_ptr<uint8_t>(),
+          out.data_ptr<scalar_t>(), x32, M, N, K, q.data_ptr<uint8_t>(),
           static_cast<const S*>(sc.data_ptr()), group, generic);
     });
   });
@@ -210,7 +360,7 @@ void panel_gemm(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64
 template <typename T, int Bits, typename S>
 void expand_panels_impl(T* out, const int64_t* rows, int64_t R, int64_t N, int64_t K,
                         const uint8_t* q, const S* sc, int64_t group, bool transposed) {
-  const int64_t per_k = Bits == 4 ? 8 : 16, groups = K / group;
+  const int64_t per_k = panel_bytes(Bits), groups = K / group;
   if (transposed) {  // W^T [K, N]: a panel's 16 values at k are one contiguous run
     const int64_t panels = (N + PANEL - 1) / PANEL;
     at::parallel_for(0, panels * groups, 1, [&](int64_t u0, int64_t u1) {
@@ -223,7 +373,7 @@ void expand_panels_impl(T* out, const int64_t* rows, int64_t R, int64_t N, int64
           const uint8_t* qk = q + (p * K + k) * per_k;
           T* o = out + k * N + n0;
           for (int64_t j = 0; j < width; ++j)
-            store_t(o, j, static_cast<float>(panel_code<Bits>(qk, j)) * sg[j] + sg[PANEL + j]);
+            store_t(o, j, panel_code<Bits>(qk, j) * sg[j] + sg[PANEL + j]);
         }
       }
     });
@@ -237,7 +387,7 @@ void expand_panels_impl(T* out, const int64_t* rows, int64_t R, int64_t N, int64
         const S* sg = sc + (p * groups + g) * 2 * PANEL;
         const float s = static_cast<float>(sg[j]), c = static_cast<float>(sg[PANEL + j]);
         for (int64_t k = g * group; k < (g + 1) * group; ++k)
-          store_t(o, k, static_cast<float>(panel_code<Bits>(q + (p * K + k) * per_k, j)) * s + c);
+          store_t(o, k, panel_code<Bits>(q + (p * K + k) * per_k, j) * s + c);
       }
     }
   });
