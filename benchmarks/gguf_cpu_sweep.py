@@ -45,6 +45,17 @@ def random_codes(n: int, k: int, bits: int, group: int = 32) -> Codes:
     return Codes(v, s, c, group, bits)
 
 
+def build(kernel_name: str, codes: Codes, plain: torch.Tensor):
+    """One kernel of KERNELS for a weight, as its codes and as a plain bf16 tensor."""
+    if kernel_name == "panels":
+        return PanelsCPU(codes)
+    if kernel_name == "int4":
+        return Int4PackCPU(to_planes(codes), torch.bfloat16)
+    if kernel_name == "bf16-panels":
+        return PanelsCPU.from_plain(plain)
+    return functools.partial(F.linear, weight=plain)
+
+
 def seconds(fn, x: torch.Tensor, budget: float = 0.3) -> float:
     fn(x)
     reps, start = 0, time.perf_counter()
@@ -83,14 +94,8 @@ def main() -> None:
         n, k, bits = SHAPES[name]
         codes = random_codes(n, k, bits)
         plain = torch.randn(n, k).mul(0.02).bfloat16()
-        kernels = {
-            "panels": PanelsCPU(codes),
-            "int4": Int4PackCPU(to_planes(codes), torch.bfloat16),
-            "bf16-panels": PanelsCPU.from_plain(plain),
-            "bf16-linear": functools.partial(F.linear, weight=plain),
-        }
         for kernel_name in args.kernels:
-            kernel = kernels[kernel_name]
+            kernel = build(kernel_name, codes, plain)
             if kernel_name == "bf16-linear":
                 weight_bytes = plain.numel() * plain.element_size()
             else:

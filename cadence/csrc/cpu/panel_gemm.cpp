@@ -207,37 +207,35 @@ inline void panel_tile_avx512(const float* x, int64_t ldx, const uint8_t* q, con
 #undef CADENCE_ROW16
 #endif
 
+#if defined(CADENCE_PANEL_AVX512) || defined(CADENCE_PANEL_AVX2)
+// The widest vector tile this build has, for exactly R rows.
+template <int Bits, int R, typename S>
+inline void vector_tile(const float* x, int64_t ldx, const uint8_t* q, const S* sc, int64_t K,
+                        int64_t group, float* acc) {
+#ifdef CADENCE_PANEL_AVX512
+  panel_tile_avx512<Bits, R>(x, ldx, q, sc, K, group, acc);
+#else
+  panel_tile_avx2<Bits, R>(x, ldx, q, sc, K, group, acc);
+#endif
+}
+
+// The tile of mr rows (1..MR): its row count a compile-time constant, so the sums stay in
+// named registers.
+template <int Bits, int R = 1, typename S>
+inline void vector_tile_rows(int mr, const float* x, int64_t ldx, const uint8_t* q, const S* sc,
+                             int64_t K, int64_t group, float* acc) {
+  if constexpr (R < MR) {
+    if (mr > R) return vector_tile_rows<Bits, R + 1>(mr, x, ldx, q, sc, K, group, acc);
+  }
+  vector_tile<Bits, R>(x, ldx, q, sc, K, group, acc);
+}
+#endif
+
 template <int Bits, typename S>
 void panel_tile(const float* x, int64_t ldx, int mr, const uint8_t* q, const S* sc,
                 int64_t K, int64_t group, float* acc, bool generic) {
-#if defined(CADENCE_PANEL_AVX512)
-  if (!generic) {
-    switch (mr) {
-      case 1: return panel_tile_avx512<Bits, 1>(x, ldx, q, sc, K, group, acc);
-      case 2: return panel_tile_avx512<Bits, 2>(x, ldx, q, sc, K, group, acc);
-      case 3: return panel_tile_avx512<Bits, 3>(x, ldx, q, sc, K, group, acc);
-      case 4: return panel_tile_avx512<Bits, 4>(x, ldx, q, sc, K, group, acc);
-      case 5: return panel_tile_avx512<Bits, 5>(x, ldx, q, sc, K, group, acc);
-      case 6: return panel_tile_avx512<Bits, 6>(x, ldx, q, sc, K, group, acc);
-      case 7: return panel_tile_avx512<Bits, 7>(x, ldx, q, sc, K, group, acc);
-      case 8: return panel_tile_avx512<Bits, 8>(x, ldx, q, sc, K, group, acc);
-      case 9: return panel_tile_avx512<Bits, 9>(x, ldx, q, sc, K, group, acc);
-      case 10: return panel_tile_avx512<Bits, 10>(x, ldx, q, sc, K, group, acc);
-      case 11: return panel_tile_avx512<Bits, 11>(x, ldx, q, sc, K, group, acc);
-      default: return panel_tile_avx512<Bits, 12>(x, ldx, q, sc, K, group, acc);
-    }
-  }
-#elif defined(CADENCE_PANEL_AVX2)
-  if (!generic) {
-    switch (mr) {
-      case 1: return panel_tile_avx2<Bits, 1>(x, ldx, q, sc, K, group, acc);
-      case 2: return panel_tile_avx2<Bits, 2>(x, ldx, q, sc, K, group, acc);
-      case 3: return panel_tile_avx2<Bits, 3>(x, ldx, q, sc, K, group, acc);
-      case 4: return panel_tile_avx2<Bits, 4>(x, ldx, q, sc, K, group, acc);
-      case 5: return panel_tile_avx2<Bits, 5>(x, ldx, q, sc, K, group, acc);
-      default: return panel_tile_avx2<Bits, 6>(x, ldx, q, sc, K, group, acc);
-    }
-  }
+#if defined(CADENCE_PANEL_AVX512) || defined(CADENCE_PANEL_AVX2)
+  if (!generic) return vector_tile_rows<Bits>(mr, x, ldx, q, sc, K, group, acc);
 #endif
   std::fill(acc, acc + mr * PANEL, 0.0f);
   panel_tile_generic<Bits>(x, ldx, mr, q, sc, K, group, acc);
