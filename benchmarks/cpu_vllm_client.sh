@@ -36,7 +36,7 @@ for name in ${ORDER:-cadence vllm}; do
     llamacpp)
       port=8300
       gguf=$(cat "$(.venv/bin/python -c 'from cadence.loader.model_path import resolve_model_path as r; print(r(None))')/gguf_source")
-      "${LLAMACPP_PY:-/work/llamacpp-venv/bin/python}" -m llama_cpp.server --model "$gguf" \
+      "${LLAMACPP_PY:-/work/llamacpp-venv/bin/python}" benchmarks/llamacpp_server.py --model "$gguf" \
         --model_alias smollm2 --host 127.0.0.1 --port $port --n_threads 2 --n_ctx 4096 \
         > "$log" 2>&1 & ;;
     *) echo "unknown server $name" >&2; exit 2 ;;

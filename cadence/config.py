@@ -21,6 +21,36 @@ from dataclasses import dataclass, field
 logger = logging.getLogger(__name__)
 
 
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from an int or a size such as '2147483648', '2GiB', '512MiB', '1.5G'."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(
+            f"{text!r} is not a size (give bytes, or a number with a unit such as 4GiB, 512MiB)"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
 @dataclass
 class ModelConfig:
     model: str | None = None  # a checkpoint folder or a .gguf file; None: SmolLM2
@@ -362,6 +392,8 @@ class EngineConfig:
             if key == "max_model_len":
                 sub["model"][key] = value
                 continue
+            if key == "kv_cache_memory" and value is not None:
+                value = parse_size(value)  # LLM(kv_cache_memory="512MiB") as the flag reads
             for part, klass in parts.items():
                 if key in {f.name for f in dataclasses.fields(klass)}:
                     sub[part][key] = value

@@ -29,6 +29,7 @@ from cadence.config import (
     ParallelConfig,
     SchedulerConfig,
     StructuredOutputsConfig,
+    parse_size,
 )
 from cadence.models.architectures import supported_architectures
 
@@ -47,32 +48,13 @@ _INTERNAL_FIELDS = {("scheduler", "max_model_len"), ("parallel", "distributed_in
 # Short spellings users know from vLLM.
 _SHORT_FLAGS = {"tensor_parallel_size": "-tp"}
 
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-
 
 def parse_bytes(text: str) -> int:
     """'2147483648', '2GiB', '512MiB', '1.5G' -> bytes (an argparse `type`)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size (give bytes, or a number with a unit such as 4GiB, 512MiB)"
-        )
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # Fields whose values are sizes in bytes.

@@ -125,6 +125,7 @@ def _fix_config(src: Path, config) -> None:
     from gguf import GGUFReader
 
     from cadence.loader.gguf_arch import fix_config
+    from cadence.loader.gguf_index import GgufIndex
     from cadence.loader.gguf_tensors import file_arch
 
     reader = GGUFReader(str(src))
@@ -137,7 +138,7 @@ def _fix_config(src: Path, config) -> None:
         found = [t for t in reader.tensors if t.name == name]
         return found[0].data.tolist() if found else None
 
-    fix_config(file_arch(reader), meta, tensor, config)
+    fix_config(file_arch(GgufIndex(src)), meta, tensor, config)
 
 
 def ensure_float_weights(folder: str) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from cadence.loader.gguf_arch import BLOCK_NAMES, NORM_PLUS_ONE, PERMUTED_QK, SKIPPED
+from cadence.loader.gguf_index import GgufIndex
 from cadence.quant.gguf import GgufTensor
 from cadence.quant.gguf_blocks import BLOCKS
 
@@ -51,10 +52,9 @@ def hf_name(name: str, arch: str = "llama") -> str | None:
     return None
 
 
-def file_arch(reader) -> str:
+def file_arch(index: GgufIndex) -> str:
     """The file's `general.architecture` (llama where it says none)."""
-    field = reader.get_field("general.architecture")
-    return bytes(field.parts[field.data[0]]).decode() if field else "llama"
+    return str(index.scalar("general.architecture") or "llama")
 
 
 def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
@@ -66,26 +66,28 @@ def rotary_unpermutation(rows: int, heads: int) -> np.ndarray:
 
 def iter_gguf(path: str, hf_config) -> Iterator[tuple[str, object]]:
     """(HF name, GgufTensor or torch tensor) for every tensor of the file."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(path)
-    arch = file_arch(reader)
+    index = GgufIndex(path)
+    arch = file_arch(index)
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     permuted = {"attn_q": heads, "attn_k": kv_heads} if arch in PERMUTED_QK else {}
-    for t in reader.tensors:
+    for t in index.tensors:
+        # What the model took of the previous tensor it copied: the file pages it read
+        # need not stay resident (for SmolLM2 they added ~90 MiB to the load's peak).
+        index.drop_resident_pages()
         name = hf_name(t.name, arch)
         if name is None:
             if t.name.rpartition(".")[0] not in SKIPPED:
                 logger.info("GGUF tensor %s has no place in the model; skipped", t.name)
             continue
         kind = t.tensor_type.name
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # [out, in]
+        shape = tuple(reversed(t.shape))  # [out, in]
         data = t.data
         piece = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         perm = rotary_unpermutation(shape[0], permuted[piece]) if piece in permuted else None
         if kind in _FLOATS:
-            tensor = torch.from_numpy(np.array(data)).reshape(shape)  # a copy: the map is read-only
+            tensor = torch.from_numpy(np.array(data))  # a copy: the map is read-only
+            tensor = tensor.view(_FLOATS[kind]).reshape(shape)  # (BF16 arrives as bytes)
             if arch in NORM_PLUS_ONE and name.endswith("norm.weight"):
                 tensor = tensor - 1  # stored as 1 + w: Gemma's norms add the 1 themselves
             yield name, tensor[torch.from_numpy(perm)] if perm is not None else tensor
@@ -98,3 +100,4 @@ def iter_gguf(path: str, hf_config) -> Iterator[tuple[str, object]]:
             logger.info("GGUF %s tensor %s: expanded to float32 (not kept packed)", kind, t.name)
             tensor = torch.from_numpy(dequantize(data, t.tensor_type)).reshape(shape)
             yield name, tensor[torch.from_numpy(perm)] if perm is not None else tensor
+    index.drop_resident_pages()

@@ -100,7 +100,7 @@ def select_quant(
     """(the format the model is built in, its tensors when they are not the folder's
     safetensors). `requested` is ModelConfig.quantization: auto | none | fp8 | gguf.
     Unquantized bf16 on a CPU without oneDNN bf16 kernels takes the panels (plain_cpu)."""
-    from cadence.quant.fp8 import Fp8Quant, scheme_from_config
+    from cadence.quant.fp8_scheme import scheme_from_config
     from cadence.quant.gguf import GgufQuant
 
     source = gguf_source(path)
@@ -127,6 +127,8 @@ def select_quant(
     if source is not None and load_format != "dummy":
         ensure_float_weights(path)  # the float path of a GGUF file: expanded once
     if requested == "fp8":
+        from cadence.quant.fp8 import Fp8Quant  # (its Triton kernels: only when asked for)
+
         return Fp8Quant(scheme), None
     if device is not None and plain_cpu.wanted(dtype, device):
         return plain_cpu.PanelQuant(), None

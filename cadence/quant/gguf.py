@@ -163,14 +163,22 @@ class GgufEmbeddingMethod(EmbeddingMethod):
     name = "gguf"
 
     def create_weights(self, layer: nn.Module, rows: int, hidden: int) -> None:
-        super().create_weights(layer, rows, hidden)
+        # A table of shape only: the file's blocks usually replace it, and a float
+        # [vocab, hidden] table made just to be dropped raised the load's peak memory
+        # (SmolLM2: 56 MiB). A float tensor in the file gets a real one in `load`.
+        layer.weight = nn.Parameter(torch.empty(rows, hidden, device="meta"), requires_grad=False)
+        layer.gguf_device = torch.get_default_device()
         layer.gguf_codes = None
         layer.gguf_logits = None
         layer.gguf_dtype = torch.get_default_dtype()
 
     def load(self, layer, source, rows, count) -> None:
-        if not isinstance(source, GgufTensor):
-            return super().load(layer, source, rows, count)  # a float table stays plain
+        if not isinstance(source, GgufTensor):  # a float table stays plain
+            table = torch.empty(
+                layer.weight.shape, dtype=layer.gguf_dtype, device=layer.gguf_device
+            )
+            layer.weight = nn.Parameter(table, requires_grad=False)
+            return super().load(layer, source, rows, count)
         codes = source[rows].codes()
         pad = layer.weight.shape[0] - count
         if pad:  # rows past the vocabulary: all zero (v = 0, s = c = 0)
@@ -182,7 +190,7 @@ class GgufEmbeddingMethod(EmbeddingMethod):
                 codes.group,
                 codes.bits,
             )
-        device = layer.weight.device
+        device = layer.gguf_device
         if device.type == "cpu" and gguf_cpu.available():  # one table: lookups and logits
             layer.gguf_logits = gguf_cpu.PanelsCPU(codes)
         else:

@@ -15,7 +15,11 @@ from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CPU_KV_BYTES = 2 * 2**30
+# The default pool holds this many tokens (a KV group's each): 32 requests of 1,024
+# tokens, or four of 8,192, and never less than one request of max_model_len. Counted in
+# tokens, not bytes: a fixed 2 GiB held 93k tokens for SmolLM2-135M (2.9 GiB resident for
+# a 101 MiB model), while a larger model needs its bytes for the same contexts.
+DEFAULT_CPU_KV_TOKENS = 32768
 # The default pool takes at most this share of the memory available at start-up.
 DEFAULT_CPU_KV_SHARE = 0.25
 
@@ -39,15 +43,18 @@ def num_kv_blocks(runner: RunnerParts, per_block: int) -> int:
 
 
 def _default_cpu_kv_bytes(runner: RunnerParts, per_block: int) -> int:
-    """DEFAULT_CPU_KV_BYTES, or less: at most twice what the scheduler can fill at once
-    (max_num_seqs sequences of max_model_len, a block list per KV group; the other half
-    keeps finished prompts for the prefix cache), and at most DEFAULT_CPU_KV_SHARE of the
-    memory available now. A pool past that only costs RAM (zeroed at start, it is resident
-    from the first second); `--kv-cache-memory` asks for more. The choice is logged."""
-    per_seq = runner.max_blocks_per_seq * runner.kv_groups.num_groups
+    """DEFAULT_CPU_KV_TOKENS (or one max_model_len sequence, if more), or less: at most
+    twice what the scheduler can fill at once (max_num_seqs sequences of max_model_len,
+    a block list per KV group; the other half keeps finished prompts for the prefix
+    cache), and at most DEFAULT_CPU_KV_SHARE of the memory available now. A pool past that
+    only costs RAM (it is resident from the first second: kv_tensors faults it in);
+    `--kv-cache-memory` asks for more. The choice is logged."""
+    groups = runner.kv_groups.num_groups
+    per_seq = runner.max_blocks_per_seq * groups
+    default = max(-(-DEFAULT_CPU_KV_TOKENS // runner.block_size) * groups, per_seq + 1)
     most = 2 * runner.config.scheduler.max_num_seqs * per_seq + 1
     limits = {
-        "the default": DEFAULT_CPU_KV_BYTES,
+        f"the default, {DEFAULT_CPU_KV_TOKENS} tokens or one max_model_len": default * per_block,
         "twice max_num_seqs x max_model_len": most * per_block,
     }
     if (available := _available_memory()) is not None:

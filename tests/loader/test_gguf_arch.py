@@ -115,6 +115,11 @@ def test_gguf_layouts_serve_the_models_tokens(kind, q8_fused, tmp_path):
     if q8_fused:  # the fused rows were split as blocks, not expanded to floats
         qkv = llm.engine.runner.driver.model.layers[0].self_attn.qkv_proj
         assert all(type(k).__name__ != "_Dense" for k in qkv.kernels)
+        # The file's float vocabulary is made at load, in the model's dtype, not float32.
+        bf16 = LLM(str(folder), dtype="bfloat16", quantization="gguf", skip_tokenizer_init=True)
+        assert bf16.engine.runner.driver.model.embed_tokens.weight.dtype == torch.bfloat16
+        out = bf16.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 8
 
 
 def test_config_gets_what_transformers_leaves_out(tmp_path):

@@ -71,3 +71,22 @@ def test_gguf_conversion_is_cached(tmp_path, monkeypatch):
     assert path == again
     monkeypatch.setattr(gguf, "load_gguf_checkpoint", None, raising=False)  # would fail if called
     assert gguf.convert_gguf(gguf.default_model_path()) == path
+
+
+def test_a_cpu_engine_never_imports_triton():
+    """Triton's library is ~66 MiB resident once imported, and a CPU engine runs no Triton
+    kernel: the default model loads and answers without it (a fresh interpreter, so no
+    other test's imports count)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from cadence import LLM, SamplingParams\n"
+        "llm = LLM(kv_cache_memory='64MiB')\n"
+        "llm.generate(['Hi'], SamplingParams(max_tokens=2), use_tqdm=False)\n"
+        "print(sorted(m for m in sys.modules if m == 'triton' or m.startswith('triton.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -37,7 +37,9 @@ def test_every_format_multiplies_as_its_dequantized_weight(kind):
 def test_bf16_activations_sum_in_float32_and_round_once(rows):
     codes = codes_of("Q4_1", 40, 256)
     x = torch.randn(rows, 256, dtype=torch.bfloat16)
-    got = gguf_cpu.PanelsCPU(codes)(x)
+    panels = gguf_cpu.PanelsCPU(codes)
+    panels.int8_activations = False  # the float path (int8 activations: tests below)
+    got = panels(x)
     weight = codes.dequantize().double()
     want = (x.double() @ weight.t()).to(torch.bfloat16)
     assert got.dtype == torch.bfloat16
@@ -136,3 +138,60 @@ def test_a_table_too_large_to_expand_stays_on_the_panels(monkeypatch):
     x = torch.randn(gguf_cpu.EXPAND_ROWS + 2, 64)
     want = x.double() @ codes.dequantize().double().t()
     torch.testing.assert_close(panels(x).double(), want, rtol=1e-5, atol=1e-4)
+
+
+def int8_product(x: torch.Tensor, codes) -> torch.Tensor:
+    """panel_q8.cpp's arithmetic in float64: x rounded to int8 per block of 32 columns
+    (scale max|x| / 127, computed in float32 as the kernel does), exact integer sums, the
+    weights' scales per group and their offsets times the float sum of x."""
+    m, k = x.shape
+    xb = x.float().view(m, k // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)
+    # (a tensor divided: torch's `127.0 / t` multiplies by a rounded reciprocal)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(xb * inv).clamp(-127, 127).double().view(m, k)
+    d = (amax / 127.0).double().view(m, k // 32)
+    v = codes.v.double()  # [n, k]
+    per_block = torch.einsum("mbi,nbi->mnb", q.view(m, -1, 32), v.view(v.shape[0], -1, 32))
+    scaled = per_block * d[:, None, :]  # [m, n, blocks]
+    group = codes.group
+    per_group = scaled.view(m, v.shape[0], k // group, group // 32).sum(-1)
+    x_sums = x.double().view(m, k // group, group).sum(-1)  # [m, groups]
+    s, c = codes.s.double(), codes.c.double()  # [n, groups]
+    return (per_group * s[None]).sum(-1) + x_sums @ c.t()
+
+
+@pytest.mark.skipif(
+    not gguf_cpu.available() or not gguf_cpu.cpu_ops.ops().panel_q8_available(),
+    reason="int8 activations need AVX2",
+)
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
+def test_bf16_activations_meet_4bit_codes_as_int8(kind):
+    """What the int8 product computes (to the order of float32 sums and one bf16 rounding),
+    at every tile remainder, and how far that is from the exact product: the activations'
+    rounding, at most half a step of max|x| / 127 per block."""
+    n, k = 45, 512
+    codes = codes_of(kind, n, k, seed=4)
+    panels = gguf_cpu.PanelsCPU(codes)
+    assert panels.int8_activations
+    weight = codes.dequantize().double()
+    for rows in (1, 2, 3, 4, 5, 9, gguf_cpu.EXPAND_ROWS - 1):
+        x = torch.randn(rows, k, dtype=torch.bfloat16)
+        x[0, :32] = 0  # a block of zeros: scale 0, no division by it
+        got = panels(x)
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+        want = int8_product(x, codes)
+        bound = want.abs() * 2**-8 + 1e-4 * want.abs().max()
+        assert ((got.double() - want).abs() <= bound).all(), rows
+        exact = x.double() @ weight.t()
+        step = x.double().view(rows, -1, 32).abs().amax(-1) / 127  # [rows, blocks]
+        rounding = (step / 2) @ weight.abs().view(n, -1, 32).sum(-1).t()
+        assert ((got.double() - exact).abs() <= rounding + exact.abs() * 2**-7 + 1e-3).all()
+
+
+def test_float32_and_wider_codes_keep_the_float_path():
+    assert not gguf_cpu.PanelsCPU(codes_of("Q8_0", 16, 64)).int8_activations
+    panels = gguf_cpu.PanelsCPU(codes_of("Q4_0", 16, 64))
+    x = torch.randn(3, 64)
+    want = x.double() @ codes_of("Q4_0", 16, 64).dequantize().double().t()
+    torch.testing.assert_close(panels(x).double(), want, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,6 @@
 """The CPU KV pool's default size (cadence/worker/memory_profile.py): the smallest of a fixed
-budget, twice what the scheduler can fill at once, and a share of the available memory;
+number of tokens (at least one max_model_len sequence), twice what the scheduler can fill
+at once, and a share of the available memory;
 the choice and its reason are logged; `--kv-cache-memory` and a block count override it."""
 
 import logging
@@ -11,6 +12,7 @@ import torch
 from cadence.worker import memory_profile
 
 BLOCK = 1 << 20  # bytes a block, a round number for the arithmetic
+TOKENS = 16  # tokens a block
 
 
 def runner(max_num_seqs=4, blocks_per_seq=8, groups=1, kv_cache_memory=None, override=None):
@@ -21,6 +23,7 @@ def runner(max_num_seqs=4, blocks_per_seq=8, groups=1, kv_cache_memory=None, ove
     return SimpleNamespace(
         config=config,
         device=torch.device("cpu"),
+        block_size=TOKENS,
         max_blocks_per_seq=blocks_per_seq,
         kv_groups=SimpleNamespace(num_groups=groups),
     )
@@ -42,11 +45,20 @@ def test_every_kv_group_needs_its_own_blocks(plenty):
     assert memory_profile.num_kv_blocks(runner(groups=2), BLOCK) == 2 * 4 * 8 * 2 + 1
 
 
-def test_a_large_scheduler_gets_the_fixed_default(plenty, caplog):
+def test_a_large_scheduler_gets_the_default_tokens(plenty, caplog):
     with caplog.at_level(logging.INFO, logger=memory_profile.__name__):
         blocks = memory_profile.num_kv_blocks(runner(max_num_seqs=256, blocks_per_seq=512), BLOCK)
-    assert blocks == memory_profile.DEFAULT_CPU_KV_BYTES // BLOCK
+    assert blocks == memory_profile.DEFAULT_CPU_KV_TOKENS // TOKENS
     assert "the default" in caplog.text
+    with_windows = runner(max_num_seqs=256, blocks_per_seq=512, groups=2)
+    assert memory_profile.num_kv_blocks(with_windows, BLOCK) == 2 * blocks  # a list per group
+
+
+def test_the_default_holds_one_sequence_of_max_model_len(plenty):
+    long = memory_profile.DEFAULT_CPU_KV_TOKENS // TOKENS * 4  # blocks of a 131k context
+    assert memory_profile.num_kv_blocks(runner(max_num_seqs=8, blocks_per_seq=long), BLOCK) == (
+        long + 1
+    )
 
 
 def test_a_machine_short_of_memory_gets_a_quarter_of_what_is_free(monkeypatch, caplog):

@@ -12,12 +12,38 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 namespace cadence_cpu {
+
+// Run fn(i0, i1) over [0, n) in chunks of `grain` that the intra-op threads claim from a
+// shared counter, rather than at::parallel_for's equal static shares. On a machine where
+// another process takes part of one core (a client, the API server), a static share makes
+// every product wait for the thread on that core: measured on 2 cores with a process
+// busy half of one core's time, a decode step took 1.7x as long. Claimed chunks let the
+// other thread do more of the work.
+template <typename F>
+inline void parallel_chunks(int64_t n, int64_t grain, const F& fn) {
+  const int64_t threads = at::get_num_threads();
+  if (threads <= 1 || n <= grain || at::in_parallel_region()) {
+    for (int64_t i0 = 0; i0 < n; i0 += grain) fn(i0, std::min(n, i0 + grain));
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t i0 = next.fetch_add(grain); i0 < n; i0 = next.fetch_add(grain))
+      fn(i0, std::min(n, i0 + grain));
+  });
+}
+
+// A grain that cuts n items into about `per_thread` chunks a thread.
+inline int64_t chunk_grain(int64_t n, int64_t per_thread = 6) {
+  return std::max<int64_t>(1, n / (at::get_num_threads() * per_thread));
+}
 
 template <typename T>
 inline float to_f(T v) {

@@ -196,8 +196,8 @@ void paged_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache,
     const scalar_t* kc = k_cache.data_ptr<scalar_t>();
     const scalar_t* vc = v_cache.data_ptr<scalar_t>();
     const int64_t* tp = tables.data_ptr<int64_t>();
-    at::parallel_for(0, unit_start[B], 1, [&](int64_t u0, int64_t u1) {
-      std::vector<float> qf, scores, kf, acc;
+    parallel_chunks(unit_start[B], chunk_grain(unit_start[B], 4), [&](int64_t u0, int64_t u1) {
+      thread_local std::vector<float> qf, scores, kf, acc;  // scratch, per thread
       int64_t b = std::upper_bound(unit_start.begin(), unit_start.end(), u0) - unit_start.begin() - 1;
       for (int64_t u = u0; u < u1; ++u) {
         while (u >= unit_start[b + 1]) ++b;

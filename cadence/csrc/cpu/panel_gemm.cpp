@@ -278,9 +278,10 @@ void panel_gemm_impl(T* out, const float* x, int64_t M, int64_t N, int64_t K, co
                      const S* sc, int64_t group, bool generic) {
   const int64_t panels = (N + PANEL - 1) / PANEL, per_k = panel_bytes(Bits);
   const bool buffered = !generic && M >= BUFFER_ROWS;
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  parallel_chunks(panels, chunk_grain(panels), [&](int64_t p0, int64_t p1) {
     float acc[MR * PANEL];
-    std::vector<float> unpacked(buffered ? K * PANEL : 0);
+    thread_local std::vector<float> unpacked;  // (per thread: chunks come many a call)
+    if (buffered) unpacked.resize(K * PANEL);
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* qp = q + p * K * per_k;
       const S* sp = sc + p * (K / group) * 2 * PANEL;

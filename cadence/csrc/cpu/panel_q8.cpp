@@ -1,0 +1,209 @@
+// 4-bit panels (panel_gemm.cpp's layout) times int8 activations: decode-sized products
+// as integer dot products, the way llama.cpp multiplies Q4 weights by Q8 activations.
+//
+// Why: at a few rows the float path (panel_gemm) spends ~10 instructions per column of a
+// panel unpacking 16 codes to floats and multiplying each row in, so one row runs at 3-4
+// GB/s of codes, far under memory bandwidth. Here four columns of a panel (32 bytes: 64
+// codes) become two registers of unsigned bytes, and one `maddubs` per register multiplies
+// them by the row's int8 activations and adds pairs: about a quarter of the instructions.
+//
+// The arithmetic. Each row of x is quantized per block of 32 columns (QBLOCK): d = max|x|
+// / 127, qx = round(x / d), so x ~ d qx. For a panel row n and a group g of the weights
+// (W = s v + c over the group's columns):
+//     sum_k x_k W[n, k] = s[n, g] sum_blocks d_b (sum_k qx_k v[n, k]) + c[n, g] sum_k x_k
+// The integer sums are exact: a code times qx is at most 15 x 127, a pair 3,810, and eight
+// steps of four columns (a block) add at most 30,480 into each 16-bit lane before they
+// widen to 32 bits. The offset term uses the float sum of x, so only the activation
+// rounding (relative 1/254 per block at most) separates this from panel_gemm's result.
+// Used for 16-bit activations only (gguf_cpu.py): float32 models keep the exact path.
+//
+// Activation patterns: for columns k..k+3, maddubs needs (qx_k, qx_k+1) in every pair of
+// the low 128-bit lane and (qx_k+2, qx_k+3) in the high one, matching the weight bytes
+// after one shuffle (row j's codes at k and k+1 side by side). They are built once per
+// call, 8 bytes per column of each row, and read by every panel.
+
+#include "common.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define CADENCE_Q8_AVX2 1
+#endif
+
+namespace cadence_cpu {
+
+void check_panels(const at::Tensor& q, const at::Tensor& sc, int64_t n, int64_t k,
+                  int64_t group, int64_t bits);
+
+bool panel_q8_available() {
+#ifdef CADENCE_Q8_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+#ifdef CADENCE_Q8_AVX2
+namespace {
+
+constexpr int64_t PANEL_ROWS = 16;
+constexpr int64_t QBLOCK = 32;  // columns an activation scale covers (and the int16 bound)
+constexpr int MRQ = 4;          // batch rows a tile multiplies
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Rows of x [M, K] (float32) -> patterns [M, K * 8] bytes, block scales d [M, K / QBLOCK]
+// and group sums [M, K / group].
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int8_t* pat, float* d,
+                   float* sums) {
+  const __m256i spread = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1,
+                                          2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    for (int64_t g = 0; g < K / group; ++g) {
+      float s = 0.0f;
+      for (int64_t k = g * group; k < (g + 1) * group; ++k) s += xr[k];
+      sums[m * (K / group) + g] = s;
+    }
+    for (int64_t b = 0; b < K / QBLOCK; ++b) {
+      const float* xb = xr + b * QBLOCK;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < QBLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      d[m * (K / QBLOCK) + b] = scale;
+      alignas(32) int8_t qb[QBLOCK];
+      for (int64_t i = 0; i < QBLOCK; ++i)
+        qb[i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(xb[i] * inv))));
+      for (int64_t i = 0; i < QBLOCK; i += 4) {
+        int32_t four;
+        std::memcpy(&four, qb + i, 4);
+        const __m256i p = _mm256_shuffle_epi8(_mm256_set1_epi32(four), spread);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pat + m * K * 8 + (b * QBLOCK + i) * 8), p);
+      }
+    }
+  }
+}
+
+// MR_ rows against one panel (q [K, 8] bytes, sc [K / group, 2, 16]), all of K, into
+// acc [MR_, 16].
+template <int MR_, typename S>
+void q8_tile(const int8_t* pat, const float* d, const float* sums, int64_t K, int64_t group,
+             const uint8_t* q, const S* sc, float* acc) {
+  const __m256i nib = _mm256_set1_epi8(15);
+  // row j's codes at columns k, k+1 side by side (low lane), k+2, k+3 (high lane)
+  const __m256i pairs = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+                                         0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  const int64_t nb = K / QBLOCK, ng = K / group;
+  __m256 t0[MR_], t1[MR_];
+  for (int r = 0; r < MR_; ++r) t0[r] = t1[r] = _mm256_setzero_ps();
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    __m256 f0[MR_], f1[MR_];  // sum over the group's blocks of d_b times the integer sums
+    for (int r = 0; r < MR_; ++r) f0[r] = f1[r] = _mm256_setzero_ps();
+    for (int64_t b0 = g0; b0 < g0 + group; b0 += QBLOCK) {
+      __m256i lo[MR_], hi[MR_];
+      for (int r = 0; r < MR_; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+      for (int64_t k = b0; k < b0 + QBLOCK; k += 4) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 8));
+        const __m256i wl = _mm256_shuffle_epi8(_mm256_and_si256(w, nib), pairs);
+        const __m256i wh = _mm256_shuffle_epi8(_mm256_and_si256(_mm256_srli_epi16(w, 4), nib), pairs);
+        for (int r = 0; r < MR_; ++r) {
+          const __m256i xp = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pat + r * K * 8 + k * 8));
+          lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(wl, xp));
+          hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(wh, xp));
+        }
+      }
+      for (int r = 0; r < MR_; ++r) {
+        const __m256 db = _mm256_set1_ps(d[r * nb + b0 / QBLOCK]);
+        const __m256i i0 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(lo[r])),
+                                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(lo[r], 1)));
+        const __m256i i1 = _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(hi[r])),
+                                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(hi[r], 1)));
+        f0[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), db, f0[r]);
+        f1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), db, f1[r]);
+      }
+    }
+    const S* sg = sc + (g0 / group) * 2 * PANEL_ROWS;
+    const __m256 s0 = load8(sg), s1 = load8(sg + 8), c0 = load8(sg + 16), c1 = load8(sg + 24);
+    for (int r = 0; r < MR_; ++r) {
+      const __m256 sx = _mm256_set1_ps(sums[r * ng + g0 / group]);
+      t0[r] = _mm256_fmadd_ps(c0, sx, _mm256_fmadd_ps(f0[r], s0, t0[r]));
+      t1[r] = _mm256_fmadd_ps(c1, sx, _mm256_fmadd_ps(f1[r], s1, t1[r]));
+    }
+  }
+  for (int r = 0; r < MR_; ++r) {
+    _mm256_storeu_ps(acc + r * PANEL_ROWS, t0[r]);
+    _mm256_storeu_ps(acc + r * PANEL_ROWS + 8, t1[r]);
+  }
+}
+
+template <typename S>
+void q8_tile_rows(int mr, const int8_t* pat, const float* d, const float* sums, int64_t K,
+                  int64_t group, const uint8_t* q, const S* sc, float* acc) {
+  switch (mr) {
+    case 1: return q8_tile<1>(pat, d, sums, K, group, q, sc, acc);
+    case 2: return q8_tile<2>(pat, d, sums, K, group, q, sc, acc);
+    case 3: return q8_tile<3>(pat, d, sums, K, group, q, sc, acc);
+    default: return q8_tile<MRQ>(pat, d, sums, K, group, q, sc, acc);
+  }
+}
+
+}  // namespace
+#endif
+
+// out [M, N] = x [M, K] W^T for 4-bit panels, x quantized to int8 per block of 32 columns.
+void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group) {
+#ifndef CADENCE_Q8_AVX2
+  TORCH_CHECK(false, "panel_gemm_q8 needs AVX2 (panel_q8_available() is false)");
+#else
+  TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.is_contiguous(), "x [M, K], out [M, N]");
+  TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.size(0) == x.size(0), "out must match x");
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  TORCH_CHECK(group % QBLOCK == 0, "int8 activations need groups of a multiple of 32 columns");
+  check_panels(q, sc, N, K, group, 4);
+  const at::Tensor xc = x.contiguous();
+  thread_local std::vector<float> widened;
+  thread_local std::vector<int8_t> pat;
+  thread_local std::vector<float> d, sums;
+  pat.resize(M * K * 8);
+  d.resize(M * (K / QBLOCK));
+  sums.resize(M * (K / group));
+  const int64_t panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_gemm_q8", [&] {
+    const float* x32 = reinterpret_cast<const float*>(xc.data_ptr());
+    if constexpr (!std::is_same_v<scalar_t, float>) {
+      widened.resize(M * K);
+      widen(xc.data_ptr<scalar_t>(), widened.data(), M * K);
+      x32 = widened.data();
+    }
+    quantize_rows(x32, M, K, group, pat.data(), d.data(), sums.data());
+    scalar_t* o = out.data_ptr<scalar_t>();
+    // (the thread_local buffers are this thread's: the workers get pointers, not names)
+    const int8_t* patp = pat.data();
+    const float *dp = d.data(), *sump = sums.data();
+    auto run = [&](auto s) {
+      using S = decltype(s);
+      const S* scp = static_cast<const S*>(sc.data_ptr());
+      parallel_chunks(panels, chunk_grain(panels), [&](int64_t p0, int64_t p1) {
+        float acc[MRQ * PANEL_ROWS];
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t n0 = p * PANEL_ROWS, width = std::min(PANEL_ROWS, N - n0);
+          for (int64_t m0 = 0; m0 < M; m0 += MRQ) {
+            const int mr = static_cast<int>(std::min<int64_t>(MRQ, M - m0));
+            q8_tile_rows(mr, patp + m0 * K * 8, dp + m0 * (K / QBLOCK),
+                         sump + m0 * (K / group), K, group, qp + p * K * 8,
+                         scp + p * (K / group) * 2 * PANEL_ROWS, acc);
+            for (int r = 0; r < mr; ++r)
+              for (int64_t j = 0; j < width; ++j) store_t(o + (m0 + r) * N + n0, j, acc[r * PANEL_ROWS + j]);
+          }
+        }
+      });
+    };
+    if (sc.scalar_type() == at::kHalf) run(c10::Half()); else run(0.0f);
+  });
+#endif
+}
+
+}  // namespace cadence_cpu
