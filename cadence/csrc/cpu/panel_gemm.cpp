@@ -25,19 +25,13 @@
 // (a panel's 16 weights are one register; tiles of 12 rows), AVX2 (two registers; 6
 // rows), else the portable loop.
 
-#include "common.h"
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define CADENCE_PANEL_AVX2 1
-#endif
+#include "panels.h"
 #if defined(__AVX512F__)
 #define CADENCE_PANEL_AVX512 1
 #endif
 
 namespace cadence_cpu {
 
-constexpr int64_t PANEL = 16;  // rows of W a panel holds
 // Batch rows a tile multiplies: its sums fill the registers (AVX-512: 32 of 16 floats, 12
 // rows of one; AVX2: 16 of 8 floats, 6 rows of two) with room for the weights and scales.
 #ifdef CADENCE_PANEL_AVX512
@@ -85,11 +79,6 @@ void panel_tile_generic(const float* x, int64_t ldx, int mr, const uint8_t* q, c
 }
 
 #ifdef CADENCE_PANEL_AVX2
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::Half* p) {  // F16C: c10's scalar conversion costs ~20 cycles
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 // The panel's 16 weights at column k as two vectors of 8 floats: w = v s + c (one
 // rounding: the fused multiply-add).
 template <int Bits>

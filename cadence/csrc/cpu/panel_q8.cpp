@@ -22,37 +22,23 @@
 // after one shuffle (row j's codes at k and k+1 side by side). They are built once per
 // call, 8 bytes per column of each row, and read by every panel.
 
-#include "common.h"
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define CADENCE_Q8_AVX2 1
-#endif
+#include "panels.h"
 
 namespace cadence_cpu {
 
-void check_panels(const at::Tensor& q, const at::Tensor& sc, int64_t n, int64_t k,
-                  int64_t group, int64_t bits);
-
 bool panel_q8_available() {
-#ifdef CADENCE_Q8_AVX2
+#ifdef CADENCE_PANEL_AVX2
   return true;
 #else
   return false;
 #endif
 }
 
-#ifdef CADENCE_Q8_AVX2
+#ifdef CADENCE_PANEL_AVX2
 namespace {
 
-constexpr int64_t PANEL_ROWS = 16;
 constexpr int64_t QBLOCK = 32;  // columns an activation scale covers (and the int16 bound)
 constexpr int MRQ = 4;          // batch rows a tile multiplies
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
 
 // Rows of x [M, K] (float32) -> patterns [M, K * 8] bytes, block scales d [M, K / QBLOCK]
 // and group sums [M, K / group].
@@ -124,7 +110,7 @@ void q8_tile(const int8_t* pat, const float* d, const float* sums, int64_t K, in
         f1[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), db, f1[r]);
       }
     }
-    const S* sg = sc + (g0 / group) * 2 * PANEL_ROWS;
+    const S* sg = sc + (g0 / group) * 2 * PANEL;
     const __m256 s0 = load8(sg), s1 = load8(sg + 8), c0 = load8(sg + 16), c1 = load8(sg + 24);
     for (int r = 0; r < MR_; ++r) {
       const __m256 sx = _mm256_set1_ps(sums[r * ng + g0 / group]);
@@ -133,8 +119,8 @@ void q8_tile(const int8_t* pat, const float* d, const float* sums, int64_t K, in
     }
   }
   for (int r = 0; r < MR_; ++r) {
-    _mm256_storeu_ps(acc + r * PANEL_ROWS, t0[r]);
-    _mm256_storeu_ps(acc + r * PANEL_ROWS + 8, t1[r]);
+    _mm256_storeu_ps(acc + r * PANEL, t0[r]);
+    _mm256_storeu_ps(acc + r * PANEL + 8, t1[r]);
   }
 }
 
@@ -154,7 +140,7 @@ void q8_tile_rows(int mr, const int8_t* pat, const float* d, const float* sums, 
 
 // out [M, N] = x [M, K] W^T for 4-bit panels, x quantized to int8 per block of 32 columns.
 void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group) {
-#ifndef CADENCE_Q8_AVX2
+#ifndef CADENCE_PANEL_AVX2
   TORCH_CHECK(false, "panel_gemm_q8 needs AVX2 (panel_q8_available() is false)");
 #else
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.is_contiguous(), "x [M, K], out [M, N]");
@@ -169,7 +155,7 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
   pat.resize(M * K * 8);
   d.resize(M * (K / QBLOCK));
   sums.resize(M * (K / group));
-  const int64_t panels = (N + PANEL_ROWS - 1) / PANEL_ROWS;
+  const int64_t panels = (N + PANEL - 1) / PANEL;
   const uint8_t* qp = q.data_ptr<uint8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_gemm_q8", [&] {
     const float* x32 = reinterpret_cast<const float*>(xc.data_ptr());
@@ -187,16 +173,16 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
       using S = decltype(s);
       const S* scp = static_cast<const S*>(sc.data_ptr());
       parallel_chunks(panels, chunk_grain(panels), [&](int64_t p0, int64_t p1) {
-        float acc[MRQ * PANEL_ROWS];
+        float acc[MRQ * PANEL];
         for (int64_t p = p0; p < p1; ++p) {
-          const int64_t n0 = p * PANEL_ROWS, width = std::min(PANEL_ROWS, N - n0);
+          const int64_t n0 = p * PANEL, width = std::min(PANEL, N - n0);
           for (int64_t m0 = 0; m0 < M; m0 += MRQ) {
             const int mr = static_cast<int>(std::min<int64_t>(MRQ, M - m0));
             q8_tile_rows(mr, patp + m0 * K * 8, dp + m0 * (K / QBLOCK),
                          sump + m0 * (K / group), K, group, qp + p * K * 8,
-                         scp + p * (K / group) * 2 * PANEL_ROWS, acc);
+                         scp + p * (K / group) * 2 * PANEL, acc);
             for (int r = 0; r < mr; ++r)
-              for (int64_t j = 0; j < width; ++j) store_t(o + (m0 + r) * N + n0, j, acc[r * PANEL_ROWS + j]);
+              for (int64_t j = 0; j < width; ++j) store_t(o + (m0 + r) * N + n0, j, acc[r * PANEL + j]);
           }
         }
       });
