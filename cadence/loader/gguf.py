@@ -125,8 +125,6 @@ def _fix_config(src: Path, config) -> None:
     from gguf import GGUFReader
 
     from cadence.loader.gguf_arch import fix_config
-    from cadence.loader.gguf_index import GgufIndex
-    from cadence.loader.gguf_tensors import file_arch
 
     reader = GGUFReader(str(src))
 
@@ -138,7 +136,8 @@ def _fix_config(src: Path, config) -> None:
         found = [t for t in reader.tensors if t.name == name]
         return found[0].data.tolist() if found else None
 
-    fix_config(file_arch(GgufIndex(src)), meta, tensor, config)
+    # (the reader is open for the metadata anyway: no second walk of the header for it)
+    fix_config(meta("general.architecture") or "llama", meta, tensor, config)
 
 
 def ensure_float_weights(folder: str) -> None:
