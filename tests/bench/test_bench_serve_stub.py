@@ -1,8 +1,8 @@
 """`cadence bench serve` against the scripted stub server (tests/bench/conftest.py): the
 figures must come out as scripted. Scripted sleeps are 50-300 ms. They bound a figure from
-below exactly; above, a loaded machine adds to them, so single values get slack (the
-completions test: a second, with the summary checked as its requests' own aggregates) and
-means ±30 ms."""
+below exactly; above, a loaded machine adds to them (a 0.45 s stall was seen under CI load),
+so single values get a second of slack and the summary is checked as its requests' own
+aggregates."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 
 from cadence.cli.main import main
 
-TOL_S = 0.030  # on means
-LOOSE_S = 0.080  # on single requests
+LOOSE_S = 0.080  # on the spacing of sends
 SLACK_S = 1.0  # above a scripted lower bound: what load may add, short of a wrong unit
 
 
@@ -58,7 +57,7 @@ def test_completions_figures_match_the_script(stub, stub_url, tmp_path):
     warmup = result["warmup"]
     assert {k: warmup[k] for k in ("requests", "completed", "prompt_tokens", "output_tokens")} == {
         "requests": 1, "completed": 1, "prompt_tokens": 2, "output_tokens": 5}  # fmt: skip
-    assert warmup["ttft_s"][0] == pytest.approx(0.150, abs=LOOSE_S)
+    assert 0.150 <= warmup["ttft_s"][0] < 0.150 + SLACK_S
     assert "--max-concurrency 2" in result["command"]
     (run,) = result["runs"]
     assert run["max_concurrency"] == 2 and run["request_rate"] is None
@@ -109,14 +108,19 @@ def test_chat_role_chunk_is_not_the_first_token_and_goodput(stub, stub_url, tmp_
     run = load(out)["runs"][0]
     reqs = run["requests"]
     for r, want in zip(reqs, [0.05, 0.3, 0.05, 0.3]):
-        assert r["ttft_s"] == pytest.approx(want, abs=LOOSE_S)
-        assert len(r["itl_s"]) == 2
+        # exact from below (the script's sleep), a loaded machine's stall above
+        assert want <= r["ttft_s"] < want + SLACK_S
+        assert len(r["itl_s"]) == 2 and all(0.060 <= x < 0.060 + SLACK_S for x in r["itl_s"])
         assert r["output_tokens"] == 3 and r["prompt_tokens"] == 2
     s = run["summary"]
-    assert s["mean_ttft_ms"] == pytest.approx(175, abs=TOL_S * 1e3)
-    assert s["mean_itl_ms"] == pytest.approx(60, abs=TOL_S * 1e3)
-    assert s["good_requests"] == 2
-    assert s["request_goodput"] == pytest.approx(2 / s["duration"])
+    assert s["mean_ttft_ms"] == pytest.approx(1e3 * mean([r["ttft_s"] for r in reqs]))
+    assert s["mean_itl_ms"] == pytest.approx(1e3 * mean([x for r in reqs for x in r["itl_s"]]))
+    # Goodput counts the requests within both SLOs by their own figures: the slow ones
+    # (300 ms to a first token) never are; the fast ones are unless load stalled them.
+    good = [r["ttft_s"] <= 0.200 and r["tpot_s"] <= 0.100 for r in reqs]
+    assert not good[1] and not good[3]
+    assert s["good_requests"] == sum(good)
+    assert s["request_goodput"] == pytest.approx(sum(good) / s["duration"])
     assert load(out)["config"]["slo_ms"] == {"ttft": 200.0, "tpot": 100.0}
 
 
