@@ -79,7 +79,8 @@ def profile_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def server(profile_dir):
-    """SmolLM2 in float32, with an API key, 8 sequences at once and 8 more queued."""
+    """SmolLM2 in float32, with an API key, 8 sequences at once and 8 more queued, the last
+    16 /v1/responses stored."""
     srv = Server(
         [
             "--profile-dir",
@@ -96,6 +97,8 @@ def server(profile_dir):
             str(512 * 2**20),
             "--max-model-len",
             "2048",
+            "--responses-store-size",
+            "16",
         ]
     )
     try:

@@ -84,6 +84,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="on SIGTERM, seconds running requests get to finish before they are aborted "
         "(default: 30)",
     )
+    s.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep the last N /v1/responses in memory, so previous_response_id and "
+        "GET /v1/responses/{id} work (default: 0, stateless)",
+    )
     add_door_args(parser, serve=True)
 
 
@@ -96,6 +104,8 @@ def run_serve(args: argparse.Namespace) -> int:
     kwargs = check_engine_args(args.parser, args)
     if args.max_num_waiting < 0:
         args.parser.error("--max-num-waiting must be >= 0")
+    if args.responses_store_size < 0:
+        args.parser.error("--responses-store-size must be >= 0")
     if args.data_parallel_size > 1:
         from cadence.cli.data_parallel import run_data_parallel
 
@@ -120,6 +130,7 @@ def run_serve(args: argparse.Namespace) -> int:
         max_queued_prompt_tokens=args.max_queued_prompt_tokens,
         engine_stall_timeout=args.engine_stall_timeout,
         shutdown_timeout=args.shutdown_timeout,
+        responses_store_size=args.responses_store_size,
     )
     app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)

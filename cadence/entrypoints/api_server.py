@@ -30,6 +30,7 @@ from cadence.entrypoints.admission import Admission
 from cadence.entrypoints.engine_view import install_engine_view
 from cadence.entrypoints.errors import APIError, install_error_handlers
 from cadence.entrypoints.guards import Guard
+from cadence.entrypoints.messages_protocol import MessagesRequest
 from cadence.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -37,8 +38,13 @@ from cadence.entrypoints.openai_protocol import (
     TokenizeRequest,
 )
 from cadence.entrypoints.prompts import PromptBuilder
+from cadence.entrypoints.responses_protocol import ResponsesRequest
 from cadence.entrypoints.serving_chat import ChatServing
 from cadence.entrypoints.serving_completion import CompletionServing
+from cadence.entrypoints.serving_messages import MessagesServing
+from cadence.entrypoints.serving_messages import stream_error_event as messages_error_event
+from cadence.entrypoints.serving_responses import ResponsesServing, ResponseStore
+from cadence.entrypoints.serving_responses import stream_error_event as responses_error_event
 from cadence.entrypoints.streaming import sse_response, unless_disconnected
 from cadence.entrypoints.web_ui import install_web_ui
 from cadence.kv_transfer.params import TransferAuthority
@@ -64,6 +70,7 @@ class ServerOptions:
     body_timeout_s: float = 60.0  # a request body must arrive within this
     engine_stall_timeout: float = 300.0  # s without engine progress while requests wait
     shutdown_timeout: float = 30.0  # s running requests get to finish on SIGTERM
+    responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: none)
 
 
 def create_app(config: EngineConfig, options: ServerOptions | None = None) -> FastAPI:
@@ -96,6 +103,8 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         prompts = await asyncio.to_thread(PromptBuilder, tokenizer, ready.max_model_len)
         transfers = TransferAuthority(config.kv_transfer_secret)
         shared = (client, prompts, name, ready.max_model_len, admission, transfers)
+        chat = ChatServing(*shared)
+        store = ResponseStore(opts.responses_store_size) if opts.responses_store_size else None
         state.update(
             client=client,
             metrics=metrics,
@@ -103,7 +112,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             prompts=prompts,
             admission=admission,
             completions=CompletionServing(*shared),
-            chat=ChatServing(*shared),
+            chat=chat,
+            responses=ResponsesServing(chat, store),
+            messages=MessagesServing(chat),
             ready=ready,
             started=time.time(),
             speculative=config.speculative is not None,
@@ -183,6 +194,31 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         if req.stream:
             return await sse_response(await serving.chat(req))
         return await unless_disconnected(serving.chat(req), request)
+
+    @app.post("/v1/responses")
+    async def responses(req: ResponsesRequest, request: Request):
+        serving: ResponsesServing = state["responses"]
+        if req.stream:
+            return await sse_response(await serving.create(req), responses_error_event)
+        return await unless_disconnected(serving.create(req), request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        serving: ResponsesServing = state["responses"]
+        return JSONResponse(serving.retrieve(response_id))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        serving: ResponsesServing = state["responses"]
+        serving.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @app.post("/v1/messages")
+    async def messages(req: MessagesRequest, request: Request):
+        serving: MessagesServing = state["messages"]
+        if req.stream:
+            return await sse_response(await serving.create(req), messages_error_event)
+        return await unless_disconnected(serving.create(req), request)
 
     @app.get("/v1/models")
     async def models():

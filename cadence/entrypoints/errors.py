@@ -1,6 +1,8 @@
-"""Every error a client sees is an OpenAI error object: {"error": {message, type, param, code}}.
+"""Every error a client sees is an error object in its API's shape: OpenAI's
+{"error": {message, type, param, code}}, or on the Anthropic Messages API (/v1/messages)
+Anthropic's {"type": "error", "error": {type, message}}.
 
-APIError(message, status=400, ...)   raise anywhere in a handler
+APIError(message, status=400, ...)   raise anywhere in a handler; .response(path) answers
 install_error_handlers(app)          maps APIError, validation errors, 404 / 405 / 413 /
                                      415, 429 (QueueFull), 503 (engine dead), 500 (a
                                      failed engine step or a bug) to that shape
@@ -32,6 +34,21 @@ _TYPES = {
     500: "internal_error",
     503: "service_unavailable",
 }
+
+
+# HTTP status -> Anthropic error type.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)
 
 
 class QueueFull(Exception):
@@ -72,8 +89,17 @@ class APIError(Exception):
             }
         }
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, path: str = "") -> JSONResponse:
+        """The JSON error response, in the shape of the API that `path` belongs to."""
+        anthropic = path.startswith(ANTHROPIC_PATHS)
+        body = anthropic_error_body(self) if anthropic else self.body()
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def anthropic_error_body(err: APIError) -> dict:
+    fallback = "invalid_request_error" if err.status < 500 else "api_error"
+    kind = _ANTHROPIC_TYPES.get(err.status, fallback)
+    return {"type": "error", "error": {"type": kind, "message": err.message}}
 
 
 def api_error_for(e: BaseException) -> APIError:
@@ -97,18 +123,19 @@ def api_error_for(e: BaseException) -> APIError:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, e: RequestValidationError):
+    async def _validation(request: Request, e: RequestValidationError):
+        path = request.url.path
         errs = e.errors()
         first = errs[0] if errs else {}
         if first.get("type") == "json_invalid":
             detail = first.get("ctx", {}).get("error", "")
-            return APIError(f"malformed JSON body: {detail}".strip()).response()
+            return APIError(f"malformed JSON body: {detail}".strip()).response(path)
         loc = [str(x) for x in first.get("loc", []) if x != "body"]
         msg = "; ".join(
             f"{'.'.join(str(x) for x in err.get('loc', []) if x != 'body')}: {err.get('msg')}"
             for err in errs[:5]
         )
-        return APIError(msg or "invalid request", param=".".join(loc) or None).response()
+        return APIError(msg or "invalid request", param=".".join(loc) or None).response(path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException):
@@ -119,10 +146,10 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         return APIError(
             message, e.status_code, _TYPES.get(e.status_code, "invalid_request_error")
-        ).response()
+        ).response(request.url.path)
 
     for kind in (APIError, QueueFull, EngineDeadError, EngineStepError, ValueError, Exception):
 
         @app.exception_handler(kind)
-        async def _mapped(_: Request, e: Exception):
-            return api_error_for(e).response()
+        async def _mapped(request: Request, e: Exception):
+            return api_error_for(e).response(request.url.path)

@@ -6,8 +6,8 @@ In order, before any route runs:
      elsewhere whose name was re-pointed at 127.0.0.1 (DNS rebinding) cannot reach the API;
   2. draining (SIGTERM received): 503 + Retry-After for everything but /health and /metrics;
   3. the keys: with `--api-key`, every path but /health, the web app's page and assets
-     (/, /ui/...), and /metrics with `--metrics-public` needs `Authorization: Bearer KEY`,
-     compared in constant time (the admin key is taken too). The admin paths (the profiler)
+     (/, /ui/...), and /metrics with `--metrics-public` needs `Authorization: Bearer KEY`
+     (or Anthropic clients' `x-api-key: KEY`), compared in constant time (the admin key is taken too). The admin paths (the profiler)
      need the admin key (`--admin-api-key`; without one, the API key). Whether the caller
      holds the admin key is left in `scope["state"]["admin"]` for the routes;
   4. the body: a declared Content-Length over the limit is a 413 before a byte is read;
@@ -189,8 +189,11 @@ class _Disconnected(Exception):
 
 
 def _bearer(headers: dict[str, str]) -> str:
+    """The key a client presents: `Authorization: Bearer KEY`, or Anthropic's `x-api-key`."""
     auth = headers.get("authorization", "")
-    return auth[7:] if auth[:7].lower() == "bearer " else ""
+    if auth[:7].lower() == "bearer ":
+        return auth[7:]
+    return headers.get("x-api-key", "")
 
 
 def _holds(token: str, digest: bytes) -> bool:
@@ -216,7 +219,7 @@ def _replay(body: bytes, receive):
 
 
 async def _reply(err: APIError, scope: Scope, receive, send, extra: dict | None = None) -> None:
-    response = err.response()
+    response = err.response(scope["path"])
     for k, v in (extra or {}).items():
         response.headers[k] = v
     await response(scope, receive, send)

@@ -1,7 +1,21 @@
-"""/v1/chat/completions: messages through the chat template, tools, streamed or not."""
+"""/v1/chat/completions: messages through the chat template, tools, streamed or not.
+
+The chat path is also the engine room of the other conversational APIs (/v1/responses,
+/v1/messages): they translate their request into a ChatCompletionRequest, and run it here:
+
+    job = await chat.prepare(req)            checks, template, tools, sampling: a ChatJob
+    state = await chat.complete(job)         admitted, run to the end
+    with chat.admitted(job) as ticket:       admitted (429 before any event goes out) ...
+        async for d in chat.deltas(job, ticket):   ... each sample's news as a SampleDelta
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from cadence.engine.output_processor import RequestState
 from cadence.entrypoints.errors import APIError
 from cadence.entrypoints.openai_protocol import ChatCompletionRequest, now, random_id
 from cadence.entrypoints.serving import Prompt, Serving, finish_reason
@@ -13,10 +27,39 @@ from cadence.entrypoints.tool_calls import (
     plan_tools,
 )
 from cadence.entrypoints.tool_calls import finish_reason as tool_finish_reason
+from cadence.sampling_params import SamplingParams
+
+
+@dataclass
+class ChatJob:
+    """A checked chat request, ready to run."""
+
+    rid: str
+    created: int  # unix seconds
+    prompt: Prompt
+    params: SamplingParams
+    plan: ToolPlan
+    top_logprobs: int | None  # None: no logprobs asked for
+    priority: int
+
+
+@dataclass
+class SampleDelta:
+    """What one sample of a streamed chat says next: OpenAI chat `delta` objects (content,
+    or tool_calls), and when it finished, why."""
+
+    index: int
+    deltas: list[dict[str, Any]]
+    logprobs: dict | None  # the new tokens' logprobs, in chat's form
+    finished: bool
+    finish_reason: str | None  # OpenAI's (tool_calls when the model called), at the finish
+    stop_reason: int | str | None  # the stop string or token id that ended it
+    state: RequestState  # the request so far (usage)
 
 
 class ChatServing(Serving):
-    async def chat(self, req: ChatCompletionRequest):
+    async def prepare(self, req: ChatCompletionRequest, rid: str | None = None) -> ChatJob:
+        """Check and tokenize a chat request; `rid` names it (default: a chatcmpl- id)."""
         self.check_model(req.model)
         self.check_transfer(req)
         try:
@@ -30,7 +73,6 @@ class ChatServing(Serving):
             req.chat_template_kwargs,
             plan.tools if plan.in_prompt else None,
         )
-        prompt = Prompt(None, ids)
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -51,108 +93,112 @@ class ChatServing(Serving):
             params.structured_outputs = forced
         self.admission.check_size(params.n, [len(ids)])
         await self.check_structured(params, "tools" if forced is not None else None)
-        rid = random_id("chatcmpl")
-        created = now()
+        rid = rid or random_id("chatcmpl")
+        return ChatJob(rid, now(), Prompt(None, ids), params, plan, top, req.priority)
+
+    def admitted(self, job: ChatJob):
+        """Hold the job's place (a context manager yielding the admission ticket)."""
+        return self.admission.admit(job.params.n, [len(job.prompt.token_ids)])
+
+    async def complete(self, job: ChatJob) -> RequestState:
+        with self.admitted(job) as ticket:
+            return await self.final(job.rid, job.prompt, job.params, job.priority, ticket.started)
+
+    async def deltas(self, job: ChatJob, ticket) -> AsyncIterator[SampleDelta]:
+        """Each sample's news as it arrives: text through its tool-call shaper (a tool call
+        comes out as `tool_calls` deltas, never as raw text), logprobs, the finish."""
+        cursor = StreamCursor(self.client.output_processor, job.params.n)
+        shapers = [ToolCallStream(job.plan) for _ in range(job.params.n)]
+        top = job.top_logprobs
+        async for state in self.run(job.rid, job.prompt, job.params, job.priority, ticket.started):
+            for out, text, new_ids, new_lps, finished in cursor.deltas(state):
+                lp = None
+                if top is not None and new_ids:
+                    lp = {"content": self.logprobs.chat(new_ids, new_lps, top)}
+                shaper = shapers[out.index]
+                deltas = shaper.feed(text)
+                reason = None
+                if finished:
+                    deltas += shaper.finish()
+                    reason = tool_finish_reason(
+                        job.plan, shaper.calls, finish_reason(out.finish_reason)
+                    )
+                yield SampleDelta(out.index, deltas, lp, finished, reason, out.stop_reason, state)
+
+    # ---- /v1/chat/completions -------------------------------------------------------
+
+    async def chat(self, req: ChatCompletionRequest):
+        job = await self.prepare(req)
         if req.stream:
-            return self._stream(req, rid, created, prompt, params, plan)
-        with self.admission.admit(params.n, [len(ids)]) as ticket:
-            final = await self.final(rid, prompt, params, req.priority, ticket.started)
+            return self._stream(req, job)
+        final = await self.complete(job)
         choices = []
         for s in final.samples:
             out = s.output
-            message, calls = message_from_output(plan, out.text)
+            message, calls = message_from_output(job.plan, out.text)
             choices.append(
                 {
                     "index": out.index,
                     "message": message,
-                    "logprobs": {"content": self.logprobs.chat(out.token_ids, out.logprobs, top)}
+                    "logprobs": {
+                        "content": self.logprobs.chat(out.token_ids, out.logprobs, job.top_logprobs)
+                    }
                     if req.logprobs
                     else None,
                     "finish_reason": tool_finish_reason(
-                        plan, calls, finish_reason(out.finish_reason)
+                        job.plan, calls, finish_reason(out.finish_reason)
                     ),
                     "stop_reason": out.stop_reason,
                 }
             )
         return {
-            "id": rid,
+            "id": job.rid,
             "object": "chat.completion",
-            "created": created,
+            "created": job.created,
             "model": self.model_name,
             "choices": choices,
-            "usage": self.usage([prompt], [final]),
+            "usage": self.usage([job.prompt], [final]),
         }
 
-    async def _stream(self, req, rid, created, prompt, params, plan: ToolPlan):
+    async def _stream(self, req: ChatCompletionRequest, job: ChatJob):
         # Admission first: a full server answers 429 before any chunk (and status 200) goes out.
-        with self.admission.admit(params.n, [len(prompt.token_ids)]) as ticket:
-            async for piece in self._stream_admitted(
-                req, rid, created, prompt, params, plan, ticket
-            ):
+        with self.admitted(job) as ticket:
+            async for piece in self._chunks(req, job, ticket):
                 yield piece
 
-    async def _stream_admitted(self, req, rid, created, prompt, params, plan, ticket):
+    async def _chunks(self, req: ChatCompletionRequest, job: ChatJob, ticket):
         stream_options = req.stream_options
         include_usage = bool(stream_options and stream_options.include_usage)
         continuous = bool(stream_options and stream_options.continuous_usage_stats)
-        top = params.logprobs
         state = None
 
         def chunk(choices, usage=None):
             if continuous and usage is None:
-                usage = self.usage([prompt], [state])
-            return self.chunk(rid, "chat.completion.chunk", created, choices, usage)
+                usage = self.usage([job.prompt], [state])
+            return self.chunk(job.rid, "chat.completion.chunk", job.created, choices, usage)
 
-        for i in range(params.n):
-            yield chunk(
-                [
-                    {
-                        "index": i,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
-            )
-        cursor = StreamCursor(self.client.output_processor, params.n)
-        shapers = [ToolCallStream(plan) for _ in range(params.n)]
-        async for state in self.run(rid, prompt, params, req.priority, ticket.started):
-            for out, delta, new_ids, new_lps, finished in cursor.deltas(state):
-                lp = None
-                if req.logprobs and new_ids:
-                    lp = {"content": self.logprobs.chat(new_ids, new_lps, top)}
-                shaper = shapers[out.index]
-                deltas = shaper.feed(delta)
-                if finished:
-                    deltas += shaper.finish()
-                if lp and not deltas:
-                    deltas = [{}]  # held-back text: the logprobs still go out now
-                for i, d in enumerate(deltas):
-                    yield chunk(
-                        [
-                            {
-                                "index": out.index,
-                                "delta": d,
-                                "logprobs": lp if i == 0 else None,
-                                "finish_reason": None,
-                            }
-                        ]
-                    )
-                if finished:
-                    reason = tool_finish_reason(
-                        plan, shaper.calls, finish_reason(out.finish_reason)
-                    )
-                    yield chunk(
-                        [
-                            {
-                                "index": out.index,
-                                "delta": {},
-                                "logprobs": None,
-                                "finish_reason": reason,
-                                "stop_reason": out.stop_reason,
-                            }
-                        ]
-                    )
+        for i in range(job.params.n):
+            role = {"role": "assistant", "content": ""}
+            yield chunk([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
+        async for d in self.deltas(job, ticket):
+            state = d.state
+            deltas = d.deltas
+            if d.logprobs and not deltas:
+                deltas = [{}]  # held-back text: the logprobs still go out now
+            for i, delta in enumerate(deltas):
+                lp = d.logprobs if i == 0 else None
+                yield chunk(
+                    [{"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": None}]
+                )
+            if d.finished:
+                last = {
+                    "index": d.index,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": d.finish_reason,
+                    "stop_reason": d.stop_reason,
+                }
+                yield chunk([last])
         if include_usage and state is not None:
-            yield chunk([], self.usage([prompt], [state]))
+            yield chunk([], self.usage([job.prompt], [state]))
         yield DONE

@@ -1,9 +1,10 @@
 """Delivering results: SSE streams, and non-streamed results that stop when the client leaves.
 
-await sse_response(chunks)              StreamingResponse of an async iterator of SSE
+await sse_response(chunks, on_error)    StreamingResponse of an async iterator of SSE
                                         events; errors before the first event are status
-                                        codes, errors after it end the stream with an
-                                        error event and `data: [DONE]`
+                                        codes, errors after it end the stream with the
+                                        API's error event (chat's: the error object and
+                                        `data: [DONE]`)
 await unless_disconnected(coro, request)  run a non-streamed request; a hang-up cancels
                                         it (the cancellation aborts it in the engine)
 StreamCursor, merge, sse                building blocks of the streaming endpoints
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cadence.engine.output_processor import RequestState
-from cadence.entrypoints.errors import api_error_for
+from cadence.entrypoints.errors import APIError, api_error_for
 
 DONE = "data: [DONE]\n\n"
 
@@ -29,7 +30,18 @@ def sse(body: dict) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-async def sse_response(chunks: AsyncIterator[str]) -> StreamingResponse:
+def sse_event(name: str, body: dict) -> str:
+    """One server-sent event with an event name (the Responses and Messages APIs)."""
+    return f"event: {name}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def chat_error_events(err: APIError) -> str:
+    return sse(err.body()) + DONE
+
+
+async def sse_response(
+    chunks: AsyncIterator[str], on_error: Callable[[APIError], str] = chat_error_events
+) -> StreamingResponse:
     # Start the stream before answering, so errors at submission (429, 400) are status codes.
     first = await anext(chunks, None)
 
@@ -40,8 +52,7 @@ async def sse_response(chunks: AsyncIterator[str]) -> StreamingResponse:
             async for chunk in chunks:
                 yield chunk
         except Exception as e:  # the 200 is out: the error becomes the stream's last event
-            yield sse(api_error_for(e).body())
-            yield DONE
+            yield on_error(api_error_for(e))
         finally:
             await chunks.aclose()  # a hang-up lands here: aborts the request in the core
 

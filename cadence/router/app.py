@@ -1,7 +1,9 @@
 """The router's HTTP side: one OpenAI-compatible address in front of several replicas.
 
     POST /v1/completions, /v1/chat/completions   routed (policies.py), body passed through,
-                                                 SSE streamed through as it arrives
+         /v1/responses, /v1/messages             SSE streamed through as it arrives
+                                                 (disaggregated prefill: completions and
+                                                 chat only)
     GET  /v1/models                              a healthy replica's answer
     GET  /health                                 200 while any replica is in rotation
     GET  /metrics                                the router's own counters (cadence:router_*)
@@ -103,24 +105,37 @@ class RouterMetrics:
         )
 
 
+def _text_of(content) -> str:
+    """A message's text: a string, or the text of a list of parts / blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def _conversation(head: str, messages) -> str:
+    parts = [head] if head else []
+    for m in messages if isinstance(messages, list) else []:
+        if isinstance(m, dict):
+            parts.append(f"{m.get('role')}: {_text_of(m.get('content'))}")
+    return "\n".join(parts)
+
+
 def prompt_text(path: str, body: dict) -> str | list[int]:
-    """What the routing key is made of: the (first) prompt, or the chat rendered plainly.
-    Whatever shape a client sent, this returns a key (the replica judges the request)."""
+    """What the routing key is made of: the (first) prompt, or the conversation rendered
+    plainly. Whatever shape a client sent, this returns a key (the replica judges it)."""
     if path.endswith("/chat/completions"):
-        parts = []
-        messages = body.get("messages")
-        for m in messages if isinstance(messages, list) else []:
-            if not isinstance(m, dict):
-                continue
-            content = m.get("content")
-            if isinstance(content, list):
-                content = "".join(
-                    p["text"]
-                    for p in content
-                    if isinstance(p, dict) and isinstance(p.get("text"), str)
-                )
-            parts.append(f"{m.get('role')}: {content if isinstance(content, str) else ''}")
-        return "\n".join(parts)
+        return _conversation("", body.get("messages"))
+    if path.endswith("/messages"):
+        return _conversation(_text_of(body.get("system")), body.get("messages"))
+    if path.endswith("/responses"):
+        items = body.get("input")
+        if not isinstance(items, list):
+            items = [{"role": "user", "content": items}]
+        return _conversation(_text_of(body.get("instructions")), items)
     prompt = body.get("prompt", "")
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) for t in prompt):
@@ -224,7 +239,7 @@ def create_router_app(
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         headers["content-type"] = "application/json"
         replicas: ReplicaSet = state["replicas"]
-        if state["prefill"] is not None and _single_prompt(body):
+        if state["prefill"] is not None and path in DISAGG_PATHS and _single_prompt(body):
 
             def route_prefill(tried: set[int]):
                 choice = route(keys, num_tokens, tried, "prefill")
@@ -306,6 +321,14 @@ def create_router_app(
     async def chat(request: Request):
         return await forward(request, "/v1/chat/completions")
 
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await forward(request, "/v1/responses")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await forward(request, "/v1/messages")
+
     @app.get("/v1/models")
     async def models(request: Request):
         replicas: ReplicaSet = state["replicas"]
@@ -355,6 +378,11 @@ def create_router_app(
 
     app.state.router = state
     return app
+
+
+# Where a prefill server may take the prompt first: the APIs whose max_tokens and prompt
+# fields disagg.py knows.
+DISAGG_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 def _single_prompt(body: dict) -> bool:

@@ -1,0 +1,189 @@
+"""/v1/messages: the Anthropic Messages API over the chat path (serving_chat.py).
+
+The answer is a message of content blocks (text, tool_use) with Anthropic's stop reasons:
+end_turn (the model stopped), max_tokens, stop_sequence (with the sequence), tool_use.
+Usage follows Anthropic's split: `input_tokens` are the prompt tokens computed now,
+`cache_read_input_tokens` those the prefix cache supplied. A stream is Anthropic's named
+events: message_start, per block content_block_start / content_block_delta (text_delta,
+input_json_delta) / content_block_stop, then message_delta (stop reason, output tokens)
+and message_stop.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import ValidationError
+
+from cadence.engine.output_processor import RequestState
+from cadence.entrypoints.errors import APIError, anthropic_error_body
+from cadence.entrypoints.messages_protocol import MessagesRequest, to_chat
+from cadence.entrypoints.serving import finish_reason
+from cadence.entrypoints.serving_chat import ChatJob, ChatServing
+from cadence.entrypoints.streaming import sse_event
+from cadence.entrypoints.tool_calls import message_from_output
+
+
+def _tool_use_id(call_id: str) -> str:
+    """Anthropic's tool_use ids (toolu_...) for the chat path's call ids (call_...)."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def stop_reason(
+    finish: str | None, stop: int | str | None, called: bool
+) -> tuple[str | None, str | None]:
+    """(stop_reason, stop_sequence) for the chat path's finish reason, the engine's stop
+    reason (a stop string or token id) and whether the answer holds a tool call."""
+    if finish == "abort":  # the server cut it off (a drain): the client retries elsewhere
+        raise APIError(
+            "the server stopped this request (shutting down)", 503, "service_unavailable"
+        )
+    if finish == "length":
+        return "max_tokens", None
+    if called:
+        return "tool_use", None
+    if isinstance(stop, str):
+        return "stop_sequence", stop
+    return "end_turn", None
+
+
+class MessagesServing:
+    def __init__(self, chat: ChatServing) -> None:
+        self.chat = chat
+
+    async def create(self, req: MessagesRequest):
+        try:
+            chat_req = to_chat(req)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err.get("loc", ()))
+            raise APIError(f"{where}: {err.get('msg')}", param="messages") from None
+        except ValueError as e:
+            raise APIError(str(e), param="messages") from None
+        job = await self.chat.prepare(chat_req, rid=f"msg_{uuid.uuid4().hex}")
+        if req.stream:
+            return self._stream(job)
+        final = await self.chat.complete(job)
+        out = final.samples[0].output
+        message, calls = message_from_output(job.plan, out.text)
+        content: list[dict[str, Any]] = []
+        if message.get("content"):
+            content.append({"type": "text", "text": message["content"]})
+        for c in calls:
+            content.append(
+                {
+                    "type": "tool_use",
+                    "id": _tool_use_id(c.id),
+                    "name": c.name,
+                    "input": json.loads(c.arguments),
+                }
+            )
+        reason, sequence = stop_reason(out.finish_reason, out.stop_reason, bool(calls))
+        return {
+            **self._message(job, final),
+            "content": content,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+        }
+
+    def _message(self, job: ChatJob, state: RequestState | None) -> dict[str, Any]:
+        prompt = len(job.prompt.token_ids)
+        cached = state.num_cached_tokens if state is not None else 0
+        output = sum(len(s.output.token_ids) for s in state.samples) if state else 0
+        return {
+            "id": job.rid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.chat.model_name,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": prompt - cached,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached,
+                "output_tokens": output,
+            },
+        }
+
+    async def _stream(self, job: ChatJob):
+        with self.chat.admitted(job) as ticket:
+            start = {"type": "message_start", "message": self._message(job, None)}
+            yield sse_event("message_start", start)
+            blocks = _Blocks()
+            final = finish = stop = None
+            async for d in self.chat.deltas(job, ticket):
+                final = d.state
+                for delta in d.deltas:
+                    if delta.get("content"):
+                        for piece in blocks.text(delta["content"]):
+                            yield piece
+                    for call in delta.get("tool_calls", []):
+                        for piece in blocks.tool(call):
+                            yield piece
+                if d.finished:
+                    finish, stop = (
+                        finish_reason(d.state.samples[0].output.finish_reason),
+                        d.stop_reason,
+                    )
+            for piece in blocks.close():
+                yield piece
+            reason, sequence = stop_reason(finish, stop, blocks.called)
+            usage = self._message(job, final)["usage"]
+            yield sse_event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": usage,
+                },
+            )
+            yield sse_event("message_stop", {"type": "message_stop"})
+
+
+class _Blocks:
+    """The content blocks of a streamed message as they open, grow and close."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None  # the type of the open block
+        self.called = False  # a tool_use block was sent
+
+    def _start(self, block: dict):
+        yield from self.close()
+        self.index += 1
+        self.open = block["type"]
+        body = {"type": "content_block_start", "index": self.index, "content_block": block}
+        yield sse_event("content_block_start", body)
+
+    def _delta(self, delta: dict) -> str:
+        body = {"type": "content_block_delta", "index": self.index, "delta": delta}
+        return sse_event("content_block_delta", body)
+
+    def text(self, text: str):
+        if self.open != "text":
+            yield from self._start({"type": "text", "text": ""})
+        yield self._delta({"type": "text_delta", "text": text})
+
+    def tool(self, call: dict):
+        fn = call.get("function", {})
+        if "id" in call:
+            self.called = True
+            block = {"type": "tool_use", "id": _tool_use_id(call["id"]), "name": fn.get("name", "")}
+            yield from self._start({**block, "input": {}})
+        args = fn.get("arguments") or ""
+        if args and self.open == "tool_use":
+            yield self._delta({"type": "input_json_delta", "partial_json": args})
+
+    def close(self):
+        if self.open is not None:
+            self.open = None
+            body = {"type": "content_block_stop", "index": self.index}
+            yield sse_event("content_block_stop", body)
+
+
+def stream_error_event(err: APIError) -> str:
+    """A failure after the stream began: Anthropic's `error` event (the SDK raises on it)."""
+    return sse_event("error", anthropic_error_body(err))

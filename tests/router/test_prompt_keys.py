@@ -1,0 +1,30 @@
+"""What the router routes by: each API's conversation, read plainly from the body, so
+requests that share a system prompt or earlier turns share a key prefix whatever the API."""
+
+from __future__ import annotations
+
+from cadence.router.app import prompt_text
+
+
+def test_each_api_keys_on_its_conversation():
+    chat = prompt_text(
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]},
+    )
+    responses = prompt_text(
+        "/v1/responses",
+        {"instructions": "S", "input": [{"role": "user", "content": [{"type": "input_text", "text": "Q"}]}]},
+    )  # fmt: skip
+    messages = prompt_text(
+        "/v1/messages",
+        {"system": [{"type": "text", "text": "S"}], "messages": [{"role": "user", "content": "Q"}]},
+    )
+    assert chat == "system: S\nuser: Q"
+    assert responses == messages == "S\nuser: Q"
+    assert prompt_text("/v1/responses", {"input": "Q"}) == "user: Q"
+
+
+def test_any_shape_gives_a_key():
+    for path in ("/v1/responses", "/v1/messages", "/v1/chat/completions"):
+        for body in ({}, {"input": 3, "messages": "x", "system": 5}, {"messages": [1, None]}):
+            assert isinstance(prompt_text(path, body), str)
