@@ -65,6 +65,26 @@ class ModelConfig:
     max_model_len: int | None = None  # None: the model's own limit
     skip_tokenizer_init: bool = False  # load no tokenizer (prompts must be token ids)
     trust_remote_code: bool = False  # accepted for vLLM compatibility; no remote code runs
+    # What the model is served for: generate (text), pooling (embeddings, /v1/embeddings),
+    # auto (pooling for a headless checkpoint, architectures *Model, else generate).
+    runner: str = "auto"  # auto | generate | pooling (embeddings; auto: for XxxModel checkpoints)
+    # Pooling models: '{"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true}' over the
+    # checkpoint's sentence-transformers files (default without them: LAST, normalized).
+    pooler_config: str | None = None  # JSON: {"pooling_type": "MEAN", "normalize": false}
+    pooling: PoolingSpec | None = None  # resolved at start-up (loader/pooling_config.py)
+
+
+@dataclass
+class PoolingSpec:
+    """How an embedding model turns a prompt's final hidden states into one vector."""
+
+    pooling_type: str = "LAST"  # LAST (the last token's), MEAN (over the prompt), CLS (the first)
+    normalize: bool = True  # L2-normalize the vector (after any Matryoshka truncation)
+    hidden_size: int = 0  # the vector's full length
+    # Matryoshka: the lengths a request's `dimensions` may ask for (None: only the full
+    # one, unless `any_dimensions`: any length up to hidden_size).
+    matryoshka_dimensions: list[int] | None = None
+    any_dimensions: bool = False
 
 
 @dataclass

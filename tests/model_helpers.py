@@ -44,6 +44,10 @@ def build_tiny(kind: str):
         return tf.Qwen2Config(**TINY, tie_word_embeddings=False), tf.Qwen2ForCausalLM
     if kind == "qwen3":
         return tf.Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False), tf.Qwen3ForCausalLM
+    if kind == "qwen3-embed":  # headless (Qwen3Model): an embedding model, Matryoshka lengths
+        config = tf.Qwen3Config(**TINY, head_dim=32, matryoshka_dimensions=[16, 32])
+        config.architectures = ["Qwen3Model"]
+        return config, tf.Qwen3Model
     if kind in ZOO:
         return ZOO[kind]()
     if kind == "mistral-window-d24":  # a head dim that is not a power of two (Phi-3's is 96)

@@ -390,6 +390,7 @@ class Scheduler:
                     if req.num_output_tokens == len(new_tokens)
                     else None,
                     new_prompt_logprobs=result.prompt_logprobs.get(rid),
+                    embedding=result.embeddings.get(rid),
                 )
             )
         return updates

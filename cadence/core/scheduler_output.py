@@ -88,6 +88,8 @@ class SampledTokens:
     prompt_logprobs: dict[str, list[tuple[float, list[tuple[int, float]]] | None]] = field(
         default_factory=dict
     )
+    # request id -> an embedding model's pooled vector (float32 bytes), with its first token
+    embeddings: dict[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class RequestUpdate(msgspec.Struct, array_like=True, omit_defaults=True):
     # token, for the whole prompt: per prompt token (the prompt token's logprob, [(token id,
     # logprob)] of the top k at its position); None for the first token, which has none.
     new_prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
+    # An embedding model's pooled vector of the prompt (raw float32 bytes), with the first token
+    embedding: bytes | None = None
 
     @property
     def finished(self) -> bool:

@@ -53,6 +53,12 @@ class EngineCore:
         # parallel ranks elsewhere too); `runner` is the name the loop reads it by.
         self.runner = make_executor(config)
         cache = config.cache
+        self.pooling = self.runner.pooling
+        if self.pooling is not None and config.speculative is not None:
+            raise ValueError("an embedding model (--runner pooling) takes no speculative decoding")
+        if self.pooling is not None and self.pooling.pooling_type != "LAST":
+            # MEAN / CLS read every prompt position's state: a cached one has none.
+            cache.enable_prefix_caching = False
         self.kv = KVCacheManager(
             self.runner.num_blocks,
             cache.block_size,

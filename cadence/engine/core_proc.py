@@ -154,6 +154,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
         runner.num_blocks,
         config.cache.block_size,
         core.kv_connector.addr,
+        core.pooling,
     )
     send_or_exit(outbox, P.encoder.encode(ready))
     try:

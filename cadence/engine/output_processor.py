@@ -118,6 +118,7 @@ class RequestState:
     # the first output token arrives (it brings them all); None when not asked for.
     prompt_logprobs: list[dict[int, float] | None] | None = None
     error: str | None = None  # why processing failed for it (see OutputProcessor.take_failed)
+    embedding: bytes | None = None  # an embedding model's pooled prompt (raw float32)
     stop_max_len: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +140,7 @@ class RequestState:
             self.metrics,
             self.num_cached_tokens,
             self.prompt_logprobs,
+            self.embedding,
         )
 
 
@@ -274,6 +276,8 @@ class OutputProcessor:
         state.num_cached_tokens = max(state.num_cached_tokens, up.num_cached_tokens)
         if up.new_prompt_logprobs is not None and index == 0:
             _extend_prompt_logprobs(state, up.new_prompt_logprobs)
+        if up.embedding is not None:
+            state.embedding = up.embedding
         out.token_ids.extend(up.new_token_ids)
         if up.new_logprobs is not None and out.logprobs is not None:
             for tok, (lp, top) in zip(up.new_token_ids, up.new_logprobs):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import msgspec
 
+from cadence.config import PoolingSpec
 from cadence.core.scheduler_output import RequestUpdate
 from cadence.sampling_params import SamplingParams
 
@@ -88,6 +89,7 @@ class EngineReady(msgspec.Struct, array_like=True, tag="ready"):
     num_blocks: int
     block_size: int
     kv_transfer_addr: str = ""  # a prefill engine's K/V server (--kv-role prefill)
+    pooling: PoolingSpec | None = None  # an embedding model (--runner pooling): how it pools
 
 
 class EngineCall(msgspec.Struct, array_like=True):

@@ -30,17 +30,19 @@ from cadence.entrypoints.admission import Admission
 from cadence.entrypoints.engine_view import install_engine_view
 from cadence.entrypoints.errors import APIError, install_error_handlers
 from cadence.entrypoints.guards import Guard
-from cadence.entrypoints.messages_protocol import MessagesRequest
+from cadence.entrypoints.messages_protocol import CountTokensRequest, MessagesRequest
 from cadence.entrypoints.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from cadence.entrypoints.prompts import PromptBuilder
 from cadence.entrypoints.responses_protocol import ResponsesRequest
 from cadence.entrypoints.serving_chat import ChatServing
 from cadence.entrypoints.serving_completion import CompletionServing
+from cadence.entrypoints.serving_embeddings import EmbeddingServing
 from cadence.entrypoints.serving_messages import MessagesServing
 from cadence.entrypoints.serving_messages import stream_error_event as messages_error_event
 from cadence.entrypoints.serving_responses import ResponsesServing, ResponseStore
@@ -112,6 +114,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             prompts=prompts,
             admission=admission,
             completions=CompletionServing(*shared),
+            embeddings=EmbeddingServing(*shared),
             chat=chat,
             responses=ResponsesServing(chat, store),
             messages=MessagesServing(chat),
@@ -195,6 +198,11 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             return await sse_response(await serving.chat(req))
         return await unless_disconnected(serving.chat(req), request)
 
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, request: Request):
+        serving: EmbeddingServing = state["embeddings"]
+        return await unless_disconnected(serving.embed(req), request)
+
     @app.post("/v1/responses")
     async def responses(req: ResponsesRequest, request: Request):
         serving: ResponsesServing = state["responses"]
@@ -219,6 +227,11 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         if req.stream:
             return await sse_response(await serving.create(req), messages_error_event)
         return await unless_disconnected(serving.create(req), request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(req: CountTokensRequest):
+        serving: MessagesServing = state["messages"]
+        return await serving.count_tokens(req)
 
     @app.get("/v1/models")
     async def models():

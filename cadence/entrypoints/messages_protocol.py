@@ -67,6 +67,12 @@ class MessagesRequest(_Base):
     service_tier: str | None = None
 
 
+class CountTokensRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a Messages request without max_tokens."""
+
+    max_tokens: Annotated[int, Field(ge=1)] = 1
+
+
 def _blocks(content: str | list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]

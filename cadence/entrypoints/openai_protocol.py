@@ -295,6 +295,39 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool = True
 
 
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on one request's inputs
+
+
+class EmbeddingRequest(_Base):
+    model: str | None = None
+    # text, texts, one prompt's token ids, or several prompts' (strictly, as PromptField)
+    input: Annotated[
+        str | list[StrictInt] | list[str] | list[list[StrictInt]], Field(union_mode="left_to_right")
+    ]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Field(ge=1)] | None = None
+    user: str | None = None
+    # vLLM's: keep a prompt's last k tokens (-1: the model's context length)
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = 0
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, v):
+        if isinstance(v, list) and not v:
+            raise ValueError("input must not be empty")
+        if isinstance(v, list) and len(v) > MAX_EMBEDDING_INPUTS and not isinstance(v[0], int):
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request")
+        return v
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate(cls, v):
+        if v == 0:
+            raise ValueError("truncate_prompt_tokens keeps the last k tokens: k >= 1, or -1")
+        return v
+
+
 class TokenizeRequest(_Base):
     model: str | None = None
     prompt: str | None = None

@@ -85,6 +85,13 @@ class Serving:
     def sampling_params(
         self, req, max_tokens: int | None, logprobs: int | None, prompt_len: int
     ) -> SamplingParams:
+        if self.client.ready.pooling is not None:
+            raise APIError(
+                f"`{self.model_name}` is an embedding model (--runner pooling): it serves "
+                "/v1/embeddings only",
+                param="model",
+                code="model_not_generative",
+            )
         room = self.max_model_len - prompt_len
         if room < 1:
             raise APIError(

@@ -62,17 +62,7 @@ class ChatServing(Serving):
         """Check and tokenize a chat request; `rid` names it (default: a chatcmpl- id)."""
         self.check_model(req.model)
         self.check_transfer(req)
-        try:
-            plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
-        except ValueError as e:
-            raise APIError(str(e), param="tool_choice") from e
-        ids = await self.prompts.chat(
-            req.messages,
-            req.add_generation_prompt,
-            req.continue_final_message,
-            req.chat_template_kwargs,
-            plan.tools if plan.in_prompt else None,
-        )
+        plan, ids = await self.render(req)
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -95,6 +85,21 @@ class ChatServing(Serving):
         await self.check_structured(params, "tools" if forced is not None else None)
         rid = rid or random_id("chatcmpl")
         return ChatJob(rid, now(), Prompt(None, ids), params, plan, top, req.priority)
+
+    async def render(self, req: ChatCompletionRequest) -> tuple[ToolPlan, list[int]]:
+        """The request's tool plan, and its conversation through the template as ids."""
+        try:
+            plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+        except ValueError as e:
+            raise APIError(str(e), param="tool_choice") from e
+        ids = await self.prompts.chat(
+            req.messages,
+            req.add_generation_prompt,
+            req.continue_final_message,
+            req.chat_template_kwargs,
+            plan.tools if plan.in_prompt else None,
+        )
+        return plan, ids
 
     def admitted(self, job: ChatJob):
         """Hold the job's place (a context manager yielding the admission ticket)."""

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from cadence.engine.output_processor import RequestState
 from cadence.entrypoints.errors import APIError, anthropic_error_body
 from cadence.entrypoints.messages_protocol import MessagesRequest, to_chat
+from cadence.entrypoints.openai_protocol import ChatCompletionRequest
 from cadence.entrypoints.serving import finish_reason
 from cadence.entrypoints.serving_chat import ChatJob, ChatServing
 from cadence.entrypoints.streaming import sse_event
@@ -54,15 +55,7 @@ class MessagesServing:
         self.chat = chat
 
     async def create(self, req: MessagesRequest):
-        try:
-            chat_req = to_chat(req)
-        except ValidationError as e:
-            err = e.errors()[0]
-            where = ".".join(str(x) for x in err.get("loc", ()))
-            raise APIError(f"{where}: {err.get('msg')}", param="messages") from None
-        except ValueError as e:
-            raise APIError(str(e), param="messages") from None
-        job = await self.chat.prepare(chat_req, rid=f"msg_{uuid.uuid4().hex}")
+        job = await self.chat.prepare(_translate(req), rid=f"msg_{uuid.uuid4().hex}")
         if req.stream:
             return self._stream(job)
         final = await self.chat.complete(job)
@@ -87,6 +80,13 @@ class MessagesServing:
             "stop_reason": reason,
             "stop_sequence": sequence,
         }
+
+    async def count_tokens(self, req: MessagesRequest) -> dict[str, int]:
+        """POST /v1/messages/count_tokens: the prompt's tokens, as /v1/messages would see it."""
+        chat_req = _translate(req)
+        self.chat.check_model(chat_req.model)
+        _, ids = await self.chat.render(chat_req)
+        return {"input_tokens": len(ids)}
 
     def _message(self, job: ChatJob, state: RequestState | None) -> dict[str, Any]:
         prompt = len(job.prompt.token_ids)
@@ -141,6 +141,17 @@ class MessagesServing:
                 },
             )
             yield sse_event("message_stop", {"type": "message_stop"})
+
+
+def _translate(req: MessagesRequest) -> ChatCompletionRequest:
+    try:
+        return to_chat(req)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        raise APIError(f"{where}: {err.get('msg')}", param="messages") from None
+    except ValueError as e:
+        raise APIError(str(e), param="messages") from None
 
 
 class _Blocks:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from cadence.config import EngineConfig
+from cadence.config import EngineConfig, PoolingSpec
 from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
 from cadence.worker.drafter import DrafterFactory
 
@@ -65,6 +65,11 @@ class Executor(ABC):
     @property
     def model_path(self) -> str:
         return self.driver.model_path
+
+    @property
+    def pooling(self) -> PoolingSpec | None:
+        """An embedding model's pooling (--runner pooling); None: a generative model."""
+        return self.driver.pooling
 
     @property
     def kv_group_windows(self) -> tuple[int | None, ...]:

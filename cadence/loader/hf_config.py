@@ -78,3 +78,13 @@ def generation_eos_ids(path: str) -> list[int]:
     if eos is None:
         return []
     return [int(t) for t in ([eos] if isinstance(eos, int) else eos)]
+
+
+def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
+    """End-of-sequence ids from config.json and, where present, generation_config.json."""
+    ids: list[int] = []
+    src = getattr(hf_config, "eos_token_id", None)
+    for tid in [*([src] if isinstance(src, int) else (src or [])), *generation_eos_ids(path)]:
+        if int(tid) not in ids:
+            ids.append(int(tid))
+    return tuple(ids)

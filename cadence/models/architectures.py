@@ -2,7 +2,8 @@
 cadence.models, class). Plain data, free of torch, so the CLI can list them.
 
 Adding a family: a file in this package that subclasses DecoderForCausalLM, one line here
-(and its model_type below), one tiny-model case in tests/model_helpers.py (ZOO)."""
+(and its model_type below), one tiny-model case in tests/model_helpers.py (ZOO). A headless
+`XxxModel` maps to the same class: it is served as an embedding model (--runner)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,18 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteMoeForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
     "GraniteMoeSharedForCausalLM": ("granite_moe", "GraniteMoeSharedForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "LlamaModel": ("llama", "LlamaForCausalLM"),  # headless: an embedding model
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "MistralModel": ("llama", "MistralForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "Olmo2ForCausalLM": ("olmo2", "Olmo2ForCausalLM"),
     "OlmoeForCausalLM": ("olmoe", "OlmoeForCausalLM"),
     "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
     "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen2Model": ("qwen2", "Qwen2ForCausalLM"),
     "Qwen2MoeForCausalLM": ("qwen_moe", "Qwen2MoeForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen3Model": ("qwen3", "Qwen3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen_moe", "Qwen3MoeForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
     "StableLmForCausalLM": ("stablelm", "StableLmForCausalLM"),

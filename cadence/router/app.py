@@ -1,7 +1,8 @@
 """The router's HTTP side: one OpenAI-compatible address in front of several replicas.
 
     POST /v1/completions, /v1/chat/completions   routed (policies.py), body passed through,
-         /v1/responses, /v1/messages             SSE streamed through as it arrives
+         /v1/responses, /v1/messages,            SSE streamed through as it arrives
+         /v1/embeddings
                                                  (disaggregated prefill: completions and
                                                  chat only)
     GET  /v1/models                              a healthy replica's answer
@@ -129,14 +130,14 @@ def prompt_text(path: str, body: dict) -> str | list[int]:
     plainly. Whatever shape a client sent, this returns a key (the replica judges it)."""
     if path.endswith("/chat/completions"):
         return _conversation("", body.get("messages"))
-    if path.endswith("/messages"):
+    if path.endswith(("/messages", "/messages/count_tokens")):
         return _conversation(_text_of(body.get("system")), body.get("messages"))
     if path.endswith("/responses"):
         items = body.get("input")
         if not isinstance(items, list):
             items = [{"role": "user", "content": items}]
         return _conversation(_text_of(body.get("instructions")), items)
-    prompt = body.get("prompt", "")
+    prompt = body.get("input" if path.endswith("/embeddings") else "prompt", "")
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) for t in prompt):
             return prompt
@@ -321,6 +322,10 @@ def create_router_app(
     async def chat(request: Request):
         return await forward(request, "/v1/chat/completions")
 
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request):
+        return await forward(request, "/v1/embeddings")
+
     @app.post("/v1/responses")
     async def responses(request: Request):
         return await forward(request, "/v1/responses")
@@ -328,6 +333,10 @@ def create_router_app(
     @app.post("/v1/messages")
     async def messages(request: Request):
         return await forward(request, "/v1/messages")
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request):
+        return await forward(request, "/v1/messages/count_tokens")
 
     @app.get("/v1/models")
     async def models(request: Request):

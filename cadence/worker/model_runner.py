@@ -4,7 +4,8 @@ It receives the scheduler's deltas (new requests in full, cached ones as new blo
 computed counts), keeps its own copy of every running request's tokens and blocks, builds
 one flat batch of tokens per step, runs the forward pass, and samples a token for each
 request whose scheduled tokens reach the end of what it knows. Requests that want prompt
-logprobs also get the log-softmax at their prompt positions (`prompt_logprobs.py`).
+logprobs also get the log-softmax at their prompt positions (`prompt_logprobs.py`); an
+embedding model's requests pool their prompt's hidden states (`pooling.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cadence.distributed.communication import broadcast_
 from cadence.distributed.one_shot import ONE_SHOT_MAX_BYTES
 from cadence.distributed.parallel_state import enable_one_shot, get_tp
 from cadence.layers.sampler import Sampler, SamplerOutput
-from cadence.loader.hf_config import generation_eos_ids
+from cadence.loader.hf_config import eos_token_ids
 from cadence.loader.loader import (
     load_hf_config,
     load_model,
@@ -30,6 +31,7 @@ from cadence.loader.loader import (
     resolve_dtype,
 )
 from cadence.loader.model_path import resolve_model_path
+from cadence.loader.pooling_config import resolve_pooling
 from cadence.platform import pick_device
 from cadence.worker import prompt_logprobs
 from cadence.worker.backends import make_attention_backend
@@ -41,6 +43,7 @@ from cadence.worker.kv_groups import runner_kv_groups
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import num_kv_blocks
 from cadence.worker.mixed_graphs import MixedGraphs
+from cadence.worker.pooling import PoolingState
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
 from cadence.worker.step_state import ModelOutput, PendingSample, RequestState
@@ -48,16 +51,6 @@ from cadence.worker.transfer import to_device, to_host_async
 from cadence.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
-
-
-def eos_token_ids(path: str, hf_config) -> tuple[int, ...]:
-    """End-of-sequence ids from config.json and, where present, generation_config.json."""
-    ids: list[int] = []
-    src = getattr(hf_config, "eos_token_id", None)
-    for tid in [*([src] if isinstance(src, int) else (src or [])), *generation_eos_ids(path)]:
-        if int(tid) not in ids:
-            ids.append(int(tid))
-    return tuple(ids)
 
 
 class ModelRunner:
@@ -91,6 +84,9 @@ class ModelRunner:
                 f"max_model_len {mc.max_model_len} exceeds the model's limit {model_max}"
             )
         self.max_model_len = mc.max_model_len or model_max
+        self.pooling = resolve_pooling(mc, self.model_path, self.hf_config)
+        if self.pooling is not None:  # its one sampled token reads the embedding table
+            self.hf_config.tie_word_embeddings = True
         self.backend = self._make_backend(config.attention_backend)
         self.model = load_model(
             self.model_path,
@@ -247,20 +243,21 @@ class ModelRunner:
                 self.tables.remove(st.row)
         group_tables = self.group_tables
         for new in sched.new_requests:
-            params = new.sampling_params
+            params, num_prompt = new.sampling_params, len(new.prompt_token_ids)
             gen = None
             if params.seed is not None:
                 gen = torch.Generator(device=self.device).manual_seed(params.seed)
+            lp = params.prompt_logprobs
+            pool = self.pooling
             self.requests[new.request_id] = RequestState(
                 new.prompt_token_ids + new.output_token_ids,
-                len(new.prompt_token_ids),
+                num_prompt,
                 params,
                 gen,
                 row := self.tables.add(new.block_ids),
                 new.num_computed_tokens,
-                prompt_lp=None
-                if params.prompt_logprobs is None
-                else PromptLogprobsState(params.prompt_logprobs),
+                prompt_lp=None if lp is None else PromptLogprobsState(lp),
+                pool=None if pool is None else PoolingState(pool.pooling_type, num_prompt),
             )
             for table, ids in zip(group_tables, new.group_block_ids, strict=True):
                 table.put(row, ids)
@@ -301,6 +298,7 @@ class ModelRunner:
         fill_rows: list[int] = []  # query tokens whose id is still on the device ...
         fill_from: list[int] = []  # ... at this row of the last sampled tokens
         prompt_rows = PromptRows()  # positions whose prompt logprobs are wanted
+        pools: list[tuple[PoolingState, int, int, int]] = []  # (state, first row, start, end)
         for rid, n in sched.num_scheduled_tokens.items():
             st = self.requests[rid]
             spec = sched.spec_token_ids.get(rid, [])
@@ -311,6 +309,8 @@ class ModelRunner:
                 st.prompt_lp.plan(
                     st.token_ids, st.num_prompt_tokens, start, end, len(input_ids), prompt_rows
                 )
+            if st.pool is not None:
+                pools.append((st.pool, len(input_ids), start, end))
             input_ids.extend(st.token_ids[start:end])
             if end > known:  # async scheduling: the token sampled last step, not read yet
                 assert end == known + 1 == known + st.num_pending, (rid, end, known)
@@ -375,6 +375,8 @@ class ModelRunner:
             hidden = self.model(ids_d, pos_d, meta)
         if self.drafter is not None:  # what the proposer reads after verification
             self.drafter.record_step(list(sched.num_scheduled_tokens), lay, hidden, self.tables)
+        for pool, row, start, end in pools:
+            pool.fold(hidden, row, start, end)
         if prompt_rows.rows:
             max_rows = min(self.config.scheduler.max_num_seqs, 128)
             prompt_logprobs.compute(self.model, hidden, prompt_rows, max_rows)
@@ -492,4 +494,6 @@ class ModelRunner:
             if st.prompt_lp is not None and not st.prompt_lp.sent:
                 # Its first token: every prompt position has been computed by now.
                 result.prompt_logprobs[rid] = st.prompt_lp.take()
+            if st.pool is not None and not st.pool.sent:
+                result.embeddings[rid] = st.pool.take()
         return result

@@ -9,6 +9,7 @@ import torch
 
 from cadence.layers.sampler import SamplerOutput
 from cadence.sampling_params import SamplingParams
+from cadence.worker.pooling import PoolingState
 from cadence.worker.prompt_logprobs import PromptLogprobsState
 
 
@@ -24,6 +25,7 @@ class RequestState:
     num_computed_tokens: int
     num_pending: int = 0  # sampled by a step whose ids have not been read back yet
     prompt_lp: PromptLogprobsState | None = None  # wants prompt logprobs
+    pool: PoolingState | None = None  # an embedding model's request: pools its prompt
 
 
 @dataclass

@@ -12,7 +12,6 @@ import pytest
 
 from cadence.cli.main import main
 
-LOOSE_S = 0.080  # on the spacing of sends
 SLACK_S = 1.0  # above a scripted lower bound: what load may add, short of a wrong unit
 
 
@@ -90,8 +89,9 @@ def test_completions_figures_match_the_script(stub, stub_url, tmp_path):
     assert s["output_throughput"] == pytest.approx(30 / s["duration"])
     assert s["total_token_throughput"] == pytest.approx(42 / s["duration"])
     # with at most 2 in flight, the third request starts when the first ends
-    starts = sorted(r["start_s"] for r in reqs)
-    assert starts[2] == pytest.approx(min(r["e2e_s"] for r in reqs), abs=LOOSE_S)
+    by_start = sorted(reqs, key=lambda r: r["start_s"])
+    first_done = min(r["start_s"] + r["e2e_s"] for r in by_start[:2])
+    assert first_done - 1e-3 <= by_start[2]["start_s"] < first_done + SLACK_S
 
 
 def test_chat_role_chunk_is_not_the_first_token_and_goodput(stub, stub_url, tmp_path):
@@ -110,7 +110,10 @@ def test_chat_role_chunk_is_not_the_first_token_and_goodput(stub, stub_url, tmp_
     for r, want in zip(reqs, [0.05, 0.3, 0.05, 0.3]):
         # exact from below (the script's sleep), a loaded machine's stall above
         assert want <= r["ttft_s"] < want + SLACK_S
-        assert len(r["itl_s"]) == 2 and all(0.060 <= x < 0.060 + SLACK_S for x in r["itl_s"])
+        # Gaps have no lower bound (a stalled client reads two chunks at once); the end has:
+        # the last token leaves two scripted gaps after the first.
+        assert len(r["itl_s"]) == 2 and all(0 <= x < 0.060 + SLACK_S for x in r["itl_s"])
+        assert want + 2 * 0.060 <= r["e2e_s"] < want + 0.120 + SLACK_S
         assert r["output_tokens"] == 3 and r["prompt_tokens"] == 2
     s = run["summary"]
     assert s["mean_ttft_ms"] == pytest.approx(1e3 * mean([r["ttft_s"] for r in reqs]))
@@ -139,7 +142,7 @@ def test_request_rate_spaces_the_sends(stub, stub_url, tmp_path):
     at = 0.0
     for r, d in zip(run["requests"], delays):
         at += d
-        assert r["start_s"] == pytest.approx(at, abs=LOOSE_S)
+        assert at - 1e-3 <= r["start_s"] < at + SLACK_S  # never early; late only by a stall
 
 
 def test_failures_are_recorded_not_timed(stub, stub_url, tmp_path, capsys):

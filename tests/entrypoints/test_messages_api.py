@@ -56,6 +56,13 @@ def test_answer_equals_chat_for_the_same_conversation(claude, client, model_name
     assert m.model == model_name
 
 
+def test_count_tokens_counts_what_create_computes(claude, model_name):
+    kwargs = dict(system=SYSTEM, tools=[WEATHER], messages=[{"role": "user", "content": QUESTION}])
+    counted = claude.messages.count_tokens(model=model_name, **kwargs)
+    m = ask(claude, model_name, max_tokens=2, **kwargs)
+    assert counted.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
+
+
 def test_max_tokens_and_stop_sequences(claude, model_name):
     m = ask(claude, model_name, max_tokens=3)
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3

@@ -22,9 +22,11 @@ def test_each_api_keys_on_its_conversation():
     assert chat == "system: S\nuser: Q"
     assert responses == messages == "S\nuser: Q"
     assert prompt_text("/v1/responses", {"input": "Q"}) == "user: Q"
+    assert prompt_text("/v1/embeddings", {"input": ["Q", "R"]}) == "Q"  # the first, as prompts
+    assert prompt_text("/v1/embeddings", {"input": [5, 6]}) == [5, 6]
 
 
 def test_any_shape_gives_a_key():
-    for path in ("/v1/responses", "/v1/messages", "/v1/chat/completions"):
+    for path in ("/v1/responses", "/v1/messages", "/v1/chat/completions", "/v1/embeddings"):
         for body in ({}, {"input": 3, "messages": "x", "system": 5}, {"messages": [1, None]}):
             assert isinstance(prompt_text(path, body), str)
