@@ -71,7 +71,9 @@ class ModelConfig:
     # Pooling models: '{"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true}' over the
     # checkpoint's sentence-transformers files (default without them: LAST, normalized).
     pooler_config: str | None = None  # JSON: {"pooling_type": "MEAN", "normalize": false}
-    pooling: PoolingSpec | None = None  # resolved at start-up (loader/pooling_config.py)
+
+
+RUNNERS = ("auto", "generate", "pooling")
 
 
 @dataclass
@@ -266,6 +268,10 @@ class EngineConfig:
 
     def validate(self) -> None:
         c, s = self.cache, self.scheduler
+        if self.model.runner not in RUNNERS:
+            raise ValueError(
+                f"runner must be one of {', '.join(RUNNERS)}, got {self.model.runner!r}"
+            )
         if c.block_size < 1:
             raise ValueError(f"block_size must be positive, got {c.block_size}")
         if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < 1:

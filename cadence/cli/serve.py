@@ -106,6 +106,9 @@ def run_serve(args: argparse.Namespace) -> int:
         args.parser.error("--max-num-waiting must be >= 0")
     if args.responses_store_size < 0:
         args.parser.error("--responses-store-size must be >= 0")
+    if args.data_parallel_size > 1 and args.responses_store_size:
+        # (each replica would keep its own: a follow-up routed elsewhere would not find it)
+        args.parser.error("--responses-store-size keeps responses in one server: not with -dp")
     if args.data_parallel_size > 1:
         from cadence.cli.data_parallel import run_data_parallel
 

@@ -54,8 +54,11 @@ class EngineCore:
         self.runner = make_executor(config)
         cache = config.cache
         self.pooling = self.runner.pooling
-        if self.pooling is not None and config.speculative is not None:
-            raise ValueError("an embedding model (--runner pooling) takes no speculative decoding")
+        if self.pooling is not None and (config.speculative is not None or config.kv_role):
+            raise ValueError(
+                "an embedding model (--runner pooling) takes no speculative decoding and no "
+                "disaggregated prefill (--kv-role)"
+            )
         if self.pooling is not None and self.pooling.pooling_type != "LAST":
             # MEAN / CLS read every prompt position's state: a cached one has none.
             cache.enable_prefix_caching = False

@@ -44,10 +44,8 @@ from cadence.entrypoints.serving_chat import ChatServing
 from cadence.entrypoints.serving_completion import CompletionServing
 from cadence.entrypoints.serving_embeddings import EmbeddingServing
 from cadence.entrypoints.serving_messages import MessagesServing
-from cadence.entrypoints.serving_messages import stream_error_event as messages_error_event
 from cadence.entrypoints.serving_responses import ResponsesServing, ResponseStore
-from cadence.entrypoints.serving_responses import stream_error_event as responses_error_event
-from cadence.entrypoints.streaming import sse_response, unless_disconnected
+from cadence.entrypoints.streaming import error_events, sse_response, unless_disconnected
 from cadence.entrypoints.web_ui import install_web_ui
 from cadence.kv_transfer.params import TransferAuthority
 from cadence.metrics import ServerMetrics
@@ -207,7 +205,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
     async def responses(req: ResponsesRequest, request: Request):
         serving: ResponsesServing = state["responses"]
         if req.stream:
-            return await sse_response(await serving.create(req), responses_error_event)
+            return await sse_response(await serving.create(req), error_events("/v1/responses"))
         return await unless_disconnected(serving.create(req), request)
 
     @app.get("/v1/responses/{response_id}")
@@ -225,7 +223,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
     async def messages(req: MessagesRequest, request: Request):
         serving: MessagesServing = state["messages"]
         if req.stream:
-            return await sse_response(await serving.create(req), messages_error_event)
+            return await sse_response(await serving.create(req), error_events("/v1/messages"))
         return await unless_disconnected(serving.create(req), request)
 
     @app.post("/v1/messages/count_tokens")

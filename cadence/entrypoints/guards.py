@@ -7,9 +7,10 @@ In order, before any route runs:
   2. draining (SIGTERM received): 503 + Retry-After for everything but /health and /metrics;
   3. the keys: with `--api-key`, every path but /health, the web app's page and assets
      (/, /ui/...), and /metrics with `--metrics-public` needs `Authorization: Bearer KEY`
-     (or Anthropic clients' `x-api-key: KEY`), compared in constant time (the admin key is taken too). The admin paths (the profiler)
-     need the admin key (`--admin-api-key`; without one, the API key). Whether the caller
-     holds the admin key is left in `scope["state"]["admin"]` for the routes;
+     (or Anthropic clients' `x-api-key: KEY`), compared in constant time (the admin key
+     is taken too). The admin paths (the profiler) need the admin key (`--admin-api-key`;
+     without one, the API key). Whether the caller holds the admin key is left in
+     `scope["state"]["admin"]` for the routes;
   4. the body: a declared Content-Length over the limit is a 413 before a byte is read;
      otherwise the body is read here, counting bytes as they arrive (so a chunked upload
      with no Content-Length is cut off at the limit too), within a time bound (408), and
@@ -189,7 +190,8 @@ class _Disconnected(Exception):
 
 
 def _bearer(headers: dict[str, str]) -> str:
-    """The key a client presents: `Authorization: Bearer KEY`, or Anthropic's `x-api-key`."""
+    """The key a client presents: `Authorization: Bearer KEY`, or Anthropic's
+    `x-api-key: KEY`."""
     auth = headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:]

@@ -5,7 +5,8 @@ messages (before the turn's text), an assistant turn's `tool_use` blocks its too
 tools' `input_schema` the functions' parameters; tool_choice auto / any / tool / none the
 chat's auto / required / named / none (`disable_parallel_tool_use`: one call at most);
 `stop_sequences` the stop strings; `output_config.format` (a JSON schema) the
-response_format. Images and documents are 400s until the server reads them (issue 34).
+response_format; an assistant turn last (a prefill) is continued, not answered. Images
+and documents are 400s until the server reads them (issue 34).
 """
 
 from __future__ import annotations
@@ -169,10 +170,15 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is not None:
         response_format = {"type": "json_schema", "json_schema": {"schema": fmt.json_schema}}
+    # An assistant turn last is a prefill: the answer continues its text.
+    last = messages[-1]
+    prefill = last["role"] == "assistant" and not last.get("tool_calls") and bool(last["content"])
     return ChatCompletionRequest.model_validate(
         {
             "model": req.model,
             "messages": messages,
+            "add_generation_prompt": not prefill,
+            "continue_final_message": prefill,
             "max_tokens": req.max_tokens,
             "stop": req.stop_sequences or None,
             "temperature": req.temperature,

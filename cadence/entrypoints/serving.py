@@ -1,6 +1,7 @@
-"""What /v1/completions and /v1/chat/completions share: checks, sampling parameters,
-admission, running a request in the engine, usage. The endpoints themselves are in
-serving_completion.py and serving_chat.py; text -> ids is prompts.py (off the event loop).
+"""What the endpoints share: checks, sampling parameters, admission, running a request in
+the engine, usage. The endpoints themselves are serving_completion.py, serving_chat.py
+(whose chat path /v1/responses and /v1/messages translate onto) and serving_embeddings.py;
+text -> ids is prompts.py (off the event loop).
 """
 
 from __future__ import annotations
@@ -220,3 +221,12 @@ def finish_reason(reason: str | None) -> str | None:
     if reason is None or reason in ("length", "abort"):
         return reason
     return "stop"
+
+
+def raise_if_aborted(reason: str | None) -> None:
+    """The translated APIs (Responses, Messages) have no finish reason for a request the
+    server cut off (a drain): they answer 503, which their clients retry elsewhere."""
+    if reason == "abort":
+        raise APIError(
+            "the server stopped this request (shutting down)", 503, "service_unavailable"
+        )

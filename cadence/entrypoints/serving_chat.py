@@ -12,6 +12,7 @@ The chat path is also the engine room of the other conversational APIs (/v1/resp
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,25 +186,24 @@ class ChatServing(Serving):
         for i in range(job.params.n):
             role = {"role": "assistant", "content": ""}
             yield chunk([{"index": i, "delta": role, "logprobs": None, "finish_reason": None}])
-        async for d in self.deltas(job, ticket):
-            state = d.state
-            deltas = d.deltas
-            if d.logprobs and not deltas:
-                deltas = [{}]  # held-back text: the logprobs still go out now
-            for i, delta in enumerate(deltas):
-                lp = d.logprobs if i == 0 else None
-                yield chunk(
-                    [{"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": None}]
-                )
-            if d.finished:
-                last = {
-                    "index": d.index,
-                    "delta": {},
-                    "logprobs": None,
-                    "finish_reason": d.finish_reason,
-                    "stop_reason": d.stop_reason,
-                }
-                yield chunk([last])
+        async with aclosing(self.deltas(job, ticket)) as news:
+            async for d in news:
+                state = d.state
+                for i, delta in enumerate(d.deltas or ([{}] if d.logprobs else [])):
+                    # (held-back text: its logprobs still go out now, on an empty delta)
+                    lp = d.logprobs if i == 0 else None
+                    yield chunk(
+                        [{"index": d.index, "delta": delta, "logprobs": lp, "finish_reason": None}]
+                    )
+                if d.finished:
+                    last = {
+                        "index": d.index,
+                        "delta": {},
+                        "logprobs": None,
+                        "finish_reason": d.finish_reason,
+                        "stop_reason": d.stop_reason,
+                    }
+                    yield chunk([last])
         if include_usage and state is not None:
             yield chunk([], self.usage([job.prompt], [state]))
         yield DONE

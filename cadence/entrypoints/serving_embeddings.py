@@ -2,9 +2,10 @@
 
 Each input runs in the engine as a prompt with one greedy token (cadence/embeddings.py);
 its pooled vector comes back with that token and is cut (`dimensions`, Matryoshka models)
-and normalized here. A request's inputs are admitted together but run at most a window
-at a time, so one request of a couple of thousand inputs neither hogs the queue nor is
-refused as larger than it.
+and normalized here. A request's inputs are admitted together (their tokens count
+against --max-queued-prompt-tokens) but hold at most a window of sequences at a time, so
+one request of a couple of thousand inputs neither hogs the queue nor is refused for
+its number of inputs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import base64
 from cadence.embeddings import check_dimensions, embedding_params, finish_embedding
 from cadence.entrypoints.errors import APIError
 from cadence.entrypoints.openai_protocol import EmbeddingRequest, random_id
-from cadence.entrypoints.serving import Prompt, Serving
+from cadence.entrypoints.serving import Prompt, Serving, raise_if_aborted
 
 
 class EmbeddingServing(Serving):
@@ -49,9 +50,22 @@ class EmbeddingServing(Serving):
                         req.priority,
                         lambda: ticket.started(i),
                     )
+                out = state.samples[0].output
+                raise_if_aborted(out.finish_reason)
+                if state.embedding is None:
+                    raise APIError(
+                        f"input[{i}] came back without its vector", 500, "internal_error"
+                    )
                 return state.embedding
 
-            raws = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+            # A task group: the first failure cancels (and so aborts) the others before the
+            # admission is released.
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(one(i, p)) for i, p in enumerate(prompts)]
+            except ExceptionGroup as failed:
+                raise failed.exceptions[0] from None
+            raws = [t.result() for t in tasks]
         data = []
         for i, raw in enumerate(raws):
             vec = finish_embedding(raw, spec, req.dimensions)
@@ -74,7 +88,7 @@ class EmbeddingServing(Serving):
         items: list = [x] if isinstance(x, str) or isinstance(x[0], int) else list(x)
         keep = req.truncate_prompt_tokens
         if keep == -1:
-            keep = self.max_model_len
+            keep = self.max_model_len - 1
         out = []
         for i, item in enumerate(items):
             if isinstance(item, str):

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextlib import aclosing
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import from_json
 
 from cadence.engine.output_processor import RequestState
-from cadence.entrypoints.errors import APIError, anthropic_error_body
+from cadence.entrypoints.errors import APIError
 from cadence.entrypoints.messages_protocol import MessagesRequest, to_chat
 from cadence.entrypoints.openai_protocol import ChatCompletionRequest
-from cadence.entrypoints.serving import finish_reason
+from cadence.entrypoints.serving import finish_reason, raise_if_aborted
 from cadence.entrypoints.serving_chat import ChatJob, ChatServing
 from cadence.entrypoints.streaming import sse_event
 from cadence.entrypoints.tool_calls import message_from_output
@@ -37,10 +39,7 @@ def stop_reason(
 ) -> tuple[str | None, str | None]:
     """(stop_reason, stop_sequence) for the chat path's finish reason, the engine's stop
     reason (a stop string or token id) and whether the answer holds a tool call."""
-    if finish == "abort":  # the server cut it off (a drain): the client retries elsewhere
-        raise APIError(
-            "the server stopped this request (shutting down)", 503, "service_unavailable"
-        )
+    raise_if_aborted(finish)
     if finish == "length":
         return "max_tokens", None
     if called:
@@ -70,7 +69,7 @@ class MessagesServing:
                     "type": "tool_use",
                     "id": _tool_use_id(c.id),
                     "name": c.name,
-                    "input": json.loads(c.arguments),
+                    "input": _tool_input(c.arguments),
                 }
             )
         reason, sequence = stop_reason(out.finish_reason, out.stop_reason, bool(calls))
@@ -114,20 +113,14 @@ class MessagesServing:
             yield sse_event("message_start", start)
             blocks = _Blocks()
             final = finish = stop = None
-            async for d in self.chat.deltas(job, ticket):
-                final = d.state
-                for delta in d.deltas:
-                    if delta.get("content"):
-                        for piece in blocks.text(delta["content"]):
-                            yield piece
-                    for call in delta.get("tool_calls", []):
-                        for piece in blocks.tool(call):
-                            yield piece
-                if d.finished:
-                    finish, stop = (
-                        finish_reason(d.state.samples[0].output.finish_reason),
-                        d.stop_reason,
-                    )
+            async with aclosing(self.chat.deltas(job, ticket)) as deltas:
+                async for d in deltas:
+                    final = d.state
+                    for piece in blocks.feed(d.deltas):
+                        yield piece
+                    if d.finished:
+                        finish = finish_reason(d.state.samples[0].output.finish_reason)
+                        stop = d.stop_reason
             for piece in blocks.close():
                 yield piece
             reason, sequence = stop_reason(finish, stop, blocks.called)
@@ -141,6 +134,18 @@ class MessagesServing:
                 },
             )
             yield sse_event("message_stop", {"type": "message_stop"})
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object; cut short by max_tokens, as much as parses."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        try:
+            value = from_json(arguments, allow_partial="trailing-strings")
+        except ValueError:
+            value = {}
+    return value if isinstance(value, dict) else {}
 
 
 def _translate(req: MessagesRequest) -> ChatCompletionRequest:
@@ -161,6 +166,14 @@ class _Blocks:
         self.index = -1
         self.open: str | None = None  # the type of the open block
         self.called = False  # a tool_use block was sent
+
+    def feed(self, deltas: list[dict]):
+        """One step's chat deltas: text, or tool calls (a new one opens a tool_use block)."""
+        for delta in deltas:
+            if delta.get("content"):
+                yield from self.text(delta["content"])
+            for call in delta.get("tool_calls", []):
+                yield from self.tool(call)
 
     def _start(self, block: dict):
         yield from self.close()
@@ -193,8 +206,3 @@ class _Blocks:
             self.open = None
             body = {"type": "content_block_stop", "index": self.index}
             yield sse_event("content_block_stop", body)
-
-
-def stream_error_event(err: APIError) -> str:
-    """A failure after the stream began: Anthropic's `error` event (the SDK raises on it)."""
-    return sse_event("error", anthropic_error_body(err))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
+from contextlib import aclosing
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,6 +32,7 @@ from cadence.entrypoints.responses_protocol import (
     ResponsesRequest,
     to_chat,
 )
+from cadence.entrypoints.serving import raise_if_aborted
 from cadence.entrypoints.serving_chat import ChatJob, ChatServing
 from cadence.entrypoints.streaming import sse_event
 from cadence.entrypoints.tool_calls import message_from_output
@@ -109,6 +111,7 @@ class ResponsesServing:
             return self._stream(req, job, conversation)
         final = await self.chat.complete(job)
         out = final.samples[0].output
+        raise_if_aborted(out.finish_reason)
         message, calls = message_from_output(job.plan, out.text)
         items = []
         if message.get("content"):
@@ -156,7 +159,7 @@ class ResponsesServing:
         """The response object: in progress (state None), or finished for `finish`."""
         status, incomplete = "in_progress", None
         if state is not None:
-            status = {"length": "incomplete", "abort": "cancelled"}.get(finish or "", "completed")
+            status = "incomplete" if finish == "length" else "completed"
             if finish == "length":
                 incomplete = {"reason": "max_output_tokens"}
         fmt = {"type": "text"}
@@ -198,22 +201,14 @@ class ResponsesServing:
             yield events.emit("response.in_progress", response=self._body(req, job, [], None, None))
             items = _Items(events)
             final = reason = None
-            async for d in self.chat.deltas(job, ticket):
-                final = d.state
-                lps = (d.logprobs or {}).get("content") or []
-                for delta in d.deltas:
-                    if "content" in delta:
-                        for piece in items.text(delta["content"], lps):
-                            yield piece
-                        lps = []
-                    for call in delta.get("tool_calls", []):
-                        for piece in items.call(call):
-                            yield piece
-                if lps:  # logprobs of held-back text: they ride on an empty delta
-                    for piece in items.text("", lps):
+            async with aclosing(self.chat.deltas(job, ticket)) as deltas:
+                async for d in deltas:
+                    final = d.state
+                    for piece in items.feed(d.deltas, (d.logprobs or {}).get("content") or []):
                         yield piece
-                if d.finished:
-                    reason = d.finish_reason
+                    if d.finished:
+                        reason = d.finish_reason
+            raise_if_aborted(reason)
             for piece in items.close():
                 yield piece
             body = self._body(req, job, items.done, final, reason)
@@ -239,10 +234,27 @@ class _Items:
         self.events = events
         self.done: list[dict] = []  # finished items, in output order
         self.open: dict | None = None  # the item being streamed
+        self.pending_lps: list[dict] = []  # logprobs not sent yet
 
     @property
     def index(self) -> int:
         return len(self.done)
+
+    def feed(self, deltas: list[dict], logprobs: list[dict]):
+        """One step's chat deltas. Logprobs are the output text's: they ride on the next
+        text delta (an empty one if the text is held back); a tool call's tokens have none
+        in this API, so a call that opens drops them."""
+        self.pending_lps += logprobs
+        for delta in deltas:
+            if "content" in delta:
+                yield from self.text(delta["content"], self.pending_lps)
+                self.pending_lps = []
+            for call in delta.get("tool_calls", []):
+                self.pending_lps = []
+                yield from self.call(call)
+        if self.pending_lps and (self.open is None or self.open["type"] == "message"):
+            yield from self.text("", self.pending_lps)
+            self.pending_lps = []
 
     def text(self, text: str, logprobs: list[dict]):
         emit = self.events.emit
@@ -283,7 +295,7 @@ class _Items:
             item = dict(self.open)
             yield self.events.emit("response.output_item.added", output_index=self.index, item=item)
         args = fn.get("arguments") or ""
-        if args and self.open is not None:
+        if args and self.open is not None and self.open["type"] == "function_call":
             self.open["arguments"] += args
             yield self.events.emit(
                 "response.function_call_arguments.delta",
@@ -356,10 +368,3 @@ def _first_error(e: ValidationError) -> str:
     err = e.errors()[0]
     where = ".".join(str(x) for x in err.get("loc", ()))
     return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))
-
-
-def stream_error_event(err: APIError) -> str:
-    """A failure after the stream began: an `error` event (the SDK raises on it)."""
-    body = err.body()["error"]
-    event = {"type": "error", "code": str(body["code"]), "message": body["message"]}
-    return sse_event("error", {**event, "param": body["param"], "error": body})

@@ -20,7 +20,12 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from cadence.engine.output_processor import RequestState
-from cadence.entrypoints.errors import APIError, api_error_for
+from cadence.entrypoints.errors import (
+    ANTHROPIC_PATHS,
+    APIError,
+    anthropic_error_body,
+    api_error_for,
+)
 
 DONE = "data: [DONE]\n\n"
 
@@ -37,6 +42,24 @@ def sse_event(name: str, body: dict) -> str:
 
 def chat_error_events(err: APIError) -> str:
     return sse(err.body()) + DONE
+
+
+def _responses_error_event(err: APIError) -> str:
+    """The Responses API's `error` event (with the error object too: the SDK raises on it)."""
+    body = err.body()["error"]
+    event = {"type": "error", "code": str(body["code"]), "message": body["message"]}
+    return sse_event("error", {**event, "param": body["param"], "error": body})
+
+
+def error_events(path: str) -> Callable[[APIError], str]:
+    """What ends a stream that failed after its status went out, in the shape of the API
+    at `path`: chat's error chunk and [DONE], the Responses API's `error` event, or
+    Anthropic's `event: error` (its SDK skips events without a name)."""
+    if path.startswith(ANTHROPIC_PATHS):
+        return lambda err: sse_event("error", anthropic_error_body(err))
+    if path.startswith("/v1/responses"):
+        return _responses_error_event
+    return chat_error_events
 
 
 async def sse_response(

@@ -18,8 +18,8 @@ import os
 
 from cadence.config import ModelConfig, PoolingSpec
 
-RUNNERS = ("auto", "generate", "pooling")
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+_ST_MODULES = {"Transformer", "Pooling", "Normalize"}
 
 # sentence-transformers' Pooling config flags -> our pooling type
 _ST_MODES = {
@@ -38,12 +38,13 @@ def is_headless(hf_config) -> bool:
 def resolve_pooling(mc: ModelConfig, path: str, hf_config) -> PoolingSpec | None:
     """The pooling of the model at `path`, or None when it is served for generation.
     Raises ValueError on a runner, pooler config or sentence-transformers mode we lack."""
-    if mc.runner not in RUNNERS:
-        raise ValueError(f"--runner must be one of {', '.join(RUNNERS)}, got {mc.runner!r}")
     if mc.runner == "generate" or (mc.runner == "auto" and not is_headless(hf_config)):
         if mc.pooler_config is not None:
             raise ValueError("--pooler-config is for embedding models (--runner pooling)")
         return None
+    if getattr(hf_config, "is_causal", True) is False:
+        # (some embedding checkpoints attend both ways; our kernels are causal)
+        raise ValueError("the model's config asks for bidirectional attention (is_causal: false)")
     spec = PoolingSpec(hidden_size=int(hf_config.hidden_size))
     _apply_sentence_transformers(spec, path)
     if mc.pooler_config is not None:
@@ -62,18 +63,28 @@ def _apply_sentence_transformers(spec: PoolingSpec, path: str) -> None:
     with open(modules_file) as f:
         modules = json.load(f)
     kinds = {str(m.get("type", "")).rpartition(".")[2]: m for m in modules if isinstance(m, dict)}
+    unknown = set(kinds) - _ST_MODULES
+    if unknown:  # (a Dense projection, say: vectors without it would be silently wrong)
+        raise ValueError(
+            f"the checkpoint's sentence-transformers modules {sorted(unknown)} are not "
+            "supported (Transformer, Pooling and Normalize are)"
+        )
     spec.normalize = "Normalize" in kinds
     pooling = kinds.get("Pooling")
     if pooling is None:
         return
-    sub = str(pooling.get("path", ""))
-    config_file = os.path.realpath(os.path.join(path, sub, "config.json"))
-    if not config_file.startswith(os.path.realpath(path) + os.sep):
+    sub = os.path.normpath(str(pooling.get("path", "")))
+    if os.path.isabs(sub) or sub.split(os.sep)[0] == "..":
         raise ValueError(f"modules.json points outside the model folder: {sub!r}")
+    config_file = os.path.join(path, sub, "config.json")
     if not os.path.isfile(config_file):
         return
     with open(config_file) as f:
         st = json.load(f)
+    if st.get("include_prompt") is False:
+        raise ValueError(
+            "pooling that leaves the prompt out (include_prompt: false) is not supported"
+        )
     modes = [ours for key, ours in _ST_MODES.items() if st.get(key)]
     others = [
         k for k, v in st.items() if k.startswith("pooling_mode_") and v and k not in _ST_MODES

@@ -36,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from cadence.entrypoints.errors import APIError
 from cadence.entrypoints.guards import Guard
 from cadence.router.disagg import prefill_remotely
 from cadence.router.policies import Choice, make_policy
@@ -59,9 +60,11 @@ class RouterOptions:
     replica_timeout_s: float | None = 600.0  # longest silence of a replica mid-answer
 
 
-def error(message: str, status: int, kind: str = "service_unavailable") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return JSONResponse(body, status_code=status)
+def error(
+    message: str, status: int, kind: str = "service_unavailable", path: str = ""
+) -> JSONResponse:
+    """The router's own error answer, in the shape of the API at `path`."""
+    return APIError(message, status, kind).response(path)
 
 
 class RouterMetrics:
@@ -231,9 +234,8 @@ def create_router_app(
             if not isinstance(body, dict):
                 raise ValueError("the body is not a JSON object")
         except (ValueError, RecursionError) as e:  # (RecursionError: nested too deep)
-            return error(
-                f"invalid JSON body: {type(e).__name__}: {e}"[:300], 400, "invalid_request_error"
-            )
+            why = f"invalid JSON body: {type(e).__name__}: {e}"[:300]
+            return error(why, 400, "invalid_request_error", path)
         if body.pop("kv_transfer_params", None) is not None:  # the router's own field
             raw = json.dumps(body).encode()
         keys, num_tokens = await asyncio.to_thread(keys_for, path, body)
@@ -268,7 +270,7 @@ def create_router_app(
         while True:
             choice = route(keys, num_tokens, tried)
             if choice is None:
-                return error("no replica is available", 503)
+                return error("no replica is available", 503, path=path)
             r = choice.replica
             tried.add(r.index)
             upstream = replicas.http.build_request(
@@ -282,7 +284,7 @@ def create_router_app(
                 r.in_flight -= 1
                 metrics.errors.labels(r.url, "timeout").inc()
                 r.mark_down(f"{type(e).__name__}: {e}")
-                return error(f"replica {r.url} did not answer in time", 504, "timeout_error")
+                return error(f"replica {r.url} did not answer in time", 504, "timeout_error", path)
             except httpx.TransportError as e:  # nothing was sent back: safe to go elsewhere
                 r.in_flight -= 1
                 metrics.errors.labels(r.url, "unreachable").inc()
@@ -294,12 +296,12 @@ def create_router_app(
             except ReplicaGone:
                 r.in_flight -= 1
                 metrics.errors.labels(r.url, "gone").inc()
-                return error(f"replica {r.url} stopped answering", 502)
+                return error(f"replica {r.url} stopped answering", 502, path=path)
             break
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(
-                relay(resp, r, metrics), status_code=resp.status_code, headers=out_headers
+                relay(resp, r, metrics, path), status_code=resp.status_code, headers=out_headers
             )
         try:
             content = await until_stopped(resp.aread(), request, r)
@@ -308,7 +310,8 @@ def create_router_app(
         except (httpx.HTTPError, ReplicaGone) as e:
             metrics.errors.labels(r.url, "broken").inc()
             r.mark_down(f"{type(e).__name__}: {e}")
-            return error(f"replica {r.url} failed while answering: {type(e).__name__}", 502)
+            why = f"replica {r.url} failed while answering: {type(e).__name__}"
+            return error(why, 502, path=path)
         finally:
             r.in_flight -= 1
             await resp.aclose()

@@ -4,8 +4,9 @@ goes away.
     await until_stopped(work, request, replica)   the upstream call, unless the client
                                                   hangs up (ClientGone) or the router gives
                                                   up on the replica (ReplicaGone) first
-    relay(resp, replica, metrics)                 an SSE stream's bytes as they come; ends
-                                                  with an error event if the replica breaks
+    relay(resp, replica, metrics, path)           an SSE stream's bytes as they come; ends
+                                                  with the API's error event if the replica
+                                                  breaks
 
 Cancelling the upstream call closes its connection, which the replica takes for a hang-up
 and aborts the request: a client that leaves frees its sequences on the replica, streamed
@@ -15,10 +16,12 @@ or not.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 from fastapi import Request
+
+from cadence.entrypoints.errors import APIError
+from cadence.entrypoints.streaming import error_events
 
 
 class ClientGone(Exception):
@@ -54,12 +57,12 @@ async def until_stopped(work, request: Request, replica):
     return task.result()
 
 
-def sse_error(message: str) -> bytes:
-    err = {"error": {"message": message, "type": "service_unavailable", "param": None, "code": 502}}
-    return f"data: {json.dumps(err)}\n\ndata: [DONE]\n\n".encode()
+def sse_error(message: str, path: str) -> bytes:
+    """The event(s) that end a client's broken stream, in the shape of the API at `path`."""
+    return error_events(path)(APIError(message, 502, "service_unavailable")).encode()
 
 
-async def relay(resp: httpx.Response, replica, metrics):
+async def relay(resp: httpx.Response, replica, metrics, path: str):
     """The replica's SSE bytes as they come; a break mid-stream (or the router giving up
     on the replica) ends the client's stream with an error event (the request is not
     retried: tokens may have gone out). A client that leaves stops the iteration, and the
@@ -75,7 +78,7 @@ async def relay(resp: httpx.Response, replica, metrics):
             metrics.errors.labels(replica.url, "broken").inc()
             replica.mark_down(f"{type(e).__name__}: {e}")
             why = f"failed mid-stream ({type(e).__name__})"
-        yield sse_error(f"replica {replica.url} {why}; the answer is incomplete")
+        yield sse_error(f"replica {replica.url} {why}; the answer is incomplete", path)
     finally:
         watch.cancel()
         replica.in_flight -= 1

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from cadence.worker.transfer import to_host_async
+
 
 @dataclass
 class PoolingState:
@@ -29,6 +31,8 @@ class PoolingState:
     num_prompt_tokens: int
     next_pos: int = 0  # MEAN: positions [0, next_pos) are in `acc`
     acc: torch.Tensor | None = None  # [hidden] float32, on the device
+    host: torch.Tensor | None = None  # the finished vector, on the host (or being copied)
+    ready: torch.cuda.Event | None = None  # passed: `host` has landed
     sent: bool = False
 
     def fold(self, hidden: torch.Tensor, row: int, start: int, end: int) -> None:
@@ -46,13 +50,25 @@ class PoolingState:
                 part = hidden[row + lo - start : row + hi - start].float().sum(0)
                 self.acc = part if self.acc is None else self.acc + part
                 self.next_pos = hi
+        if end >= p and self.acc is not None:
+            # The prompt is complete: start the vector's copy to the host now, so reading it
+            # with the request's token (a step later under async scheduling) waits for this
+            # step's work only, not the next one's.
+            vec = self.acc / p if self.pooling_type == "MEAN" else self.acc
+            self.host = to_host_async(vec) if vec.is_cuda else vec
+            self.ready = None
+            if vec.is_cuda:
+                self.ready = torch.cuda.Event()
+                self.ready.record()
 
     def take(self) -> bytes:
         """The pooled vector (float32 bytes), once: with the request's first token every
         prompt position has been computed."""
         self.sent = True
-        if self.acc is None:
+        if self.host is None:
             raise RuntimeError("a pooling request reached its first token unpooled")
-        vec = self.acc / self.num_prompt_tokens if self.pooling_type == "MEAN" else self.acc
-        self.acc = None
-        return vec.cpu().numpy().tobytes()
+        if self.ready is not None:
+            self.ready.synchronize()
+        out = self.host.numpy().tobytes()
+        self.acc = self.host = self.ready = None
+        return out

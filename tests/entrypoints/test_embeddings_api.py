@@ -133,6 +133,14 @@ def test_token_id_inputs(oai, reference):
         extra_body={"truncate_prompt_tokens": 8},
     )
     assert close(cut.data[0].embedding, reference(ids[1][-8:]))
+    long = list(range(1, 301))  # past the context (256): -1 keeps what fits
+    fit = oai.embeddings.create(
+        model=r.model,
+        input=long,
+        encoding_format="float",
+        extra_body={"truncate_prompt_tokens": -1},
+    )
+    assert fit.usage.prompt_tokens == 255 and close(fit.data[0].embedding, reference(long[-255:]))
 
 
 def test_matryoshka_dimensions(oai, reference):

@@ -167,6 +167,38 @@ def test_tool_result_conversation_matches_chat(claude, client, model_name):
     assert texts == (chat.choices[0].message.content or "")
 
 
+def test_an_assistant_turn_last_is_continued(claude, client, model_name):
+    prefill = "The three colours are"
+    m = ask(
+        claude,
+        model_name,
+        max_tokens=8,
+        messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": prefill}],
+    )
+    chat = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": QUESTION}, {"role": "assistant", "content": prefill}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
+    assert m.content[0].text == chat.choices[0].message.content
+
+
+def test_a_tool_call_cut_by_max_tokens_is_still_an_answer(claude, model_name):
+    m = ask(
+        claude,
+        model_name,
+        max_tokens=4,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    (use,) = m.content
+    assert m.stop_reason == "max_tokens" and use.type == "tool_use"
+    assert isinstance(use.input, dict)  # as much of the arguments as parses
+
+
 def test_output_config_json_schema_validates(claude, model_name):
     schema = {
         "type": "object",

@@ -152,6 +152,35 @@ def test_named_tool_streams_its_arguments(client, model_name):
     assert done.arguments == call.arguments
 
 
+def test_logprobs_ride_on_text_only_even_beside_tool_calls(client, model_name):
+    """Logprobs are the output text's: a named call with them on streams its arguments
+    whole, and the answer holds no empty message beside the call."""
+    kwargs = dict(
+        model=model_name,
+        input="Weather in Oslo?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        include=["message.output_text.logprobs"],
+        top_logprobs=2,
+        temperature=0,
+        max_output_tokens=60,
+    )
+    whole = client.responses.create(**kwargs)
+    with client.responses.stream(**kwargs) as stream:
+        final = stream.get_final_response()
+    for r in (whole, final):
+        (call,) = r.output
+        assert call.type == "function_call"
+        jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    assert final.output[0].arguments == whole.output[0].arguments
+    text = client.responses.create(
+        model=model_name, input=QUESTION, top_logprobs=2, max_output_tokens=6, temperature=0
+    )
+    lps = text.output[0].content[0].logprobs
+    assert len(lps) == 6 and all(len(lp.top_logprobs) == 2 for lp in lps)
+    assert "".join(lp.token for lp in lps) == text.output_text
+
+
 class Colour(BaseModel):
     name: str
     warm: bool

@@ -30,3 +30,21 @@ def test_any_shape_gives_a_key():
     for path in ("/v1/responses", "/v1/messages", "/v1/chat/completions", "/v1/embeddings"):
         for body in ({}, {"input": 3, "messages": "x", "system": 5}, {"messages": [1, None]}):
             assert isinstance(prompt_text(path, body), str)
+
+
+def test_a_broken_stream_ends_in_its_apis_error_shape():
+    """The router's mid-stream error, as each API's client reads one."""
+    import json
+
+    from cadence.router.relay import sse_error
+
+    chat = sse_error("gone", "/v1/chat/completions").decode()
+    assert chat.endswith("data: [DONE]\n\n") and json.loads(chat.split("\n")[0][6:])["error"]
+    anthropic = sse_error("gone", "/v1/messages").decode().split("\n")
+    assert anthropic[0] == "event: error"
+    assert json.loads(anthropic[1][6:]) == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "gone"},
+    }
+    responses = sse_error("gone", "/v1/responses").decode().split("\n")
+    assert responses[0] == "event: error" and json.loads(responses[1][6:])["type"] == "error"

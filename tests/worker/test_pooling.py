@@ -145,6 +145,30 @@ def test_sentence_transformers_files_set_the_pooling(embed_dir, reference, tmp_p
         engine(str(path))
 
 
+def test_checkpoints_we_would_embed_wrongly_are_refused(embed_dir, tmp_path):
+    path = tmp_path / "st"
+    shutil.copytree(embed_dir, path)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]  # fmt: skip
+    (path / "modules.json").write_text(json.dumps([*modules, {"path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))  # fmt: skip
+    with pytest.raises(ValueError, match="Dense"):
+        engine(str(path))
+    (path / "modules.json").write_text(json.dumps([modules[0], {**modules[1], "path": "../../etc"}]))  # fmt: skip
+    with pytest.raises(ValueError, match="outside the model folder"):
+        engine(str(path))
+    # A hub-cache snapshot: the pooling config is a link into the cache's blob store.
+    (path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "blob").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").symlink_to(tmp_path / "blob")
+    with engine(str(path)) as llm:
+        assert llm.engine.pooling.pooling_type == "CLS"
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "is_causal": False}))
+    with pytest.raises(ValueError, match="bidirectional"):
+        engine(str(path))
+
+
 def test_runner_pooling_turns_a_causal_lm_into_an_embedding_model(tiny_model_dir, hf_model):
     path = tiny_model_dir("llama")
     with engine(path, runner="pooling") as llm:
@@ -161,7 +185,7 @@ def test_runner_pooling_turns_a_causal_lm_into_an_embedding_model(tiny_model_dir
 @pytest.mark.parametrize(
     "kw, needle",
     [
-        ({"runner": "embed"}, "--runner must be"),
+        ({"runner": "embed"}, "runner must be"),
         ({"pooler_config": "{"}, "not JSON"),
         ({"pooler_config": '{"pooling_type": "MAX"}'}, "pooling_type"),
         ({"pooler_config": '{"dimensions": 3}'}, "unknown keys"),
