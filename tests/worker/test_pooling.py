@@ -194,3 +194,20 @@ def test_runner_pooling_turns_a_causal_lm_into_an_embedding_model(tiny_model_dir
 def test_bad_pooling_settings_are_clear_errors(embed_dir, kw, needle):
     with pytest.raises(ValueError, match=needle):
         engine(embed_dir, **kw)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kind", ["LAST", "MEAN"])
+def test_cuda_graphs_and_async_scheduling_pool_the_same(embed_dir, reference, kind):
+    """On a GPU: async scheduling (the vector read a step later) and prefill steps replayed
+    from CUDA graphs (their output buffer reused) give transformers' vectors."""
+    config = json.dumps({"pooling_type": kind})
+    with LLM(embed_dir, dtype="float32", skip_tokenizer_init=True, pooler_config=config,
+             max_num_batched_tokens=64, cuda_graph_prefill=True) as llm:  # fmt: skip
+        assert llm.config.scheduler.async_scheduling
+        batch = llm.embed(PROMPTS, use_tqdm=False)
+        again = llm.embed(PROMPTS[::-1], use_tqdm=False)[::-1]
+    for p, *outs in zip(PROMPTS, batch, again):
+        want = pooled(reference(p), kind)
+        for out in outs:
+            assert (torch.tensor(out.outputs.embedding) - want).abs().max() < 1e-4, len(p)
