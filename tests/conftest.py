@@ -80,7 +80,7 @@ def profile_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def server(profile_dir):
     """SmolLM2 in float32, with an API key, 8 sequences at once and 8 more queued, the last
-    16 /v1/responses stored."""
+    16 /v1/responses stored, Qwen3's reasoning parser."""
     srv = Server(
         [
             "--profile-dir",
@@ -99,6 +99,8 @@ def server(profile_dir):
             "2048",
             "--responses-store-size",
             "16",
+            "--reasoning-parser",
+            "qwen3",  # SmolLM2 never opens <think> by itself: only forced outputs split
         ]
     )
     try:

@@ -92,6 +92,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="keep the last N /v1/responses in memory, so previous_response_id and "
         "GET /v1/responses/{id} work (default: 0, stateless)",
     )
+    s.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="put the model's thinking into reasoning_content (chat), a reasoning item "
+        "(Responses), a thinking block (Messages): deepseek_r1, qwen3 or gpt_oss",
+    )
     add_door_args(parser, serve=True)
 
 
@@ -106,6 +113,13 @@ def run_serve(args: argparse.Namespace) -> int:
         args.parser.error("--max-num-waiting must be >= 0")
     if args.responses_store_size < 0:
         args.parser.error("--responses-store-size must be >= 0")
+    if args.reasoning_parser is not None:
+        from cadence.entrypoints.reasoning import make_reasoning_parser
+
+        try:
+            make_reasoning_parser(args.reasoning_parser)
+        except ValueError as e:
+            args.parser.error(f"--reasoning-parser: {e}")
     if args.data_parallel_size > 1 and args.responses_store_size:
         # (each replica would keep its own: a follow-up routed elsewhere would not find it)
         args.parser.error("--responses-store-size keeps responses in one server: not with -dp")
@@ -134,6 +148,7 @@ def run_serve(args: argparse.Namespace) -> int:
         engine_stall_timeout=args.engine_stall_timeout,
         shutdown_timeout=args.shutdown_timeout,
         responses_store_size=args.responses_store_size,
+        reasoning_parser=args.reasoning_parser,
     )
     app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)

@@ -39,6 +39,7 @@ from cadence.entrypoints.openai_protocol import (
     TokenizeRequest,
 )
 from cadence.entrypoints.prompts import PromptBuilder
+from cadence.entrypoints.reasoning import make_reasoning_parser
 from cadence.entrypoints.responses_protocol import ResponsesRequest
 from cadence.entrypoints.serving_chat import ChatServing
 from cadence.entrypoints.serving_completion import CompletionServing
@@ -71,6 +72,7 @@ class ServerOptions:
     engine_stall_timeout: float = 300.0  # s without engine progress while requests wait
     shutdown_timeout: float = 30.0  # s running requests get to finish on SIGTERM
     responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: none)
+    reasoning_parser: str | None = None  # thinking apart from the answer (entrypoints/reasoning)
 
 
 def create_app(config: EngineConfig, options: ServerOptions | None = None) -> FastAPI:
@@ -103,7 +105,10 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         prompts = await asyncio.to_thread(PromptBuilder, tokenizer, ready.max_model_len)
         transfers = TransferAuthority(config.kv_transfer_secret)
         shared = (client, prompts, name, ready.max_model_len, admission, transfers)
-        chat = ChatServing(*shared)
+        reasoning = opts.reasoning_parser
+        chat = ChatServing(
+            *shared, reasoning=make_reasoning_parser(reasoning) if reasoning else None
+        )
         store = ResponseStore(opts.responses_store_size) if opts.responses_store_size else None
         state.update(
             client=client,

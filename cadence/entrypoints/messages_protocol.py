@@ -173,9 +173,13 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     # An assistant turn last is a prefill: the answer continues its text.
     last = messages[-1]
     prefill = last["role"] == "assistant" and not last.get("tool_calls") and bool(last["content"])
+    kwargs = None
+    if req.thinking is not None and req.thinking.get("type") in ("enabled", "disabled"):
+        kwargs = {"enable_thinking": req.thinking["type"] == "enabled"}  # (Qwen3's switch)
     return ChatCompletionRequest.model_validate(
         {
             "model": req.model,
+            "chat_template_kwargs": kwargs,
             "messages": messages,
             "add_generation_prompt": not prefill,
             "continue_final_message": prefill,

@@ -197,8 +197,13 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatComplet
             "type": "json_schema",
             "json_schema": {"name": fmt.name, "schema": fmt.json_schema, "strict": fmt.strict},
         }
+    effort = (req.reasoning or {}).get("effort")
     fields = {
         "model": req.model,
+        # (gpt-oss's template reads reasoning_effort; Qwen3's, enable_thinking)
+        "chat_template_kwargs": None
+        if effort is None
+        else {"reasoning_effort": effort, "enable_thinking": effort not in ("none", "minimal")},
         "messages": [ChatMessage.model_validate(m) for m in messages],
         "max_completion_tokens": req.max_output_tokens,
         "tools": tools,

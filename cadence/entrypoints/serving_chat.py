@@ -11,7 +11,7 @@ The chat path is also the engine room of the other conversational APIs (/v1/resp
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from cadence.engine.output_processor import RequestState
 from cadence.entrypoints.errors import APIError
 from cadence.entrypoints.openai_protocol import ChatCompletionRequest, now, random_id
+from cadence.entrypoints.reasoning import ReasoningParser, split_reasoning
 from cadence.entrypoints.serving import Prompt, Serving, finish_reason
 from cadence.entrypoints.streaming import DONE, StreamCursor
 from cadence.entrypoints.tool_calls import (
@@ -46,8 +47,8 @@ class ChatJob:
 
 @dataclass
 class SampleDelta:
-    """What one sample of a streamed chat says next: OpenAI chat `delta` objects (content,
-    or tool_calls), and when it finished, why."""
+    """What one sample of a streamed chat says next: OpenAI chat `delta` objects (thinking
+    as reasoning_content, content, or tool_calls), and when it finished, why."""
 
     index: int
     deltas: list[dict[str, Any]]
@@ -59,6 +60,15 @@ class SampleDelta:
 
 
 class ChatServing(Serving):
+    def __init__(self, *shared, reasoning: Callable[[], ReasoningParser] | None = None) -> None:
+        """`shared`: Serving's arguments; `reasoning`: the --reasoning-parser, if any."""
+        super().__init__(*shared)
+        self.reasoning = reasoning
+
+    def split(self, text: str) -> tuple[str, str]:
+        """A finished sample's (thinking, answer)."""
+        return ("", text) if self.reasoning is None else split_reasoning(self.reasoning(), text)
+
     async def prepare(self, req: ChatCompletionRequest, rid: str | None = None) -> ChatJob:
         """Check and tokenize a chat request; `rid` names it (default: a chatcmpl- id)."""
         self.check_model(req.model)
@@ -73,6 +83,8 @@ class ChatServing(Serving):
         elif req.top_logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = self.sampling_params(req, max_tokens, top, len(ids))
+        if self.reasoning is not None and self.reasoning.needs_special_tokens:
+            params.skip_special_tokens = False  # its markers are special tokens
         forced = plan.constraint()
         if forced is not None:
             if params.structured_outputs is not None:
@@ -115,14 +127,22 @@ class ChatServing(Serving):
         comes out as `tool_calls` deltas, never as raw text), logprobs, the finish."""
         cursor = StreamCursor(self.client.output_processor, job.params.n)
         shapers = [ToolCallStream(job.plan) for _ in range(job.params.n)]
+        thinkers = [self.reasoning() if self.reasoning else None for _ in range(job.params.n)]
         top = job.top_logprobs
         async for state in self.run(job.rid, job.prompt, job.params, job.priority, ticket.started):
             for out, text, new_ids, new_lps, finished in cursor.deltas(state):
                 lp = None
                 if top is not None and new_ids:
                     lp = {"content": self.logprobs.chat(new_ids, new_lps, top)}
-                shaper = shapers[out.index]
-                deltas = shaper.feed(text)
+                shaper, thinker = shapers[out.index], thinkers[out.index]
+                thinking, answer = ("", text) if thinker is None else thinker.feed(text)
+                if finished and thinker is not None:
+                    more, rest = thinker.finish()
+                    thinking, answer = thinking + more, answer + rest
+                deltas = (
+                    [{"reasoning_content": thinking, "reasoning": thinking}] if thinking else []
+                )
+                deltas += shaper.feed(answer)
                 reason = None
                 if finished:
                     deltas += shaper.finish()
@@ -141,7 +161,10 @@ class ChatServing(Serving):
         choices = []
         for s in final.samples:
             out = s.output
-            message, calls = message_from_output(job.plan, out.text)
+            thinking, answer = self.split(out.text)
+            message, calls = message_from_output(job.plan, answer)
+            if thinking:
+                message["reasoning_content"] = message["reasoning"] = thinking
             choices.append(
                 {
                     "index": out.index,

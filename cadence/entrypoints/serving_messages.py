@@ -59,8 +59,11 @@ class MessagesServing:
             return self._stream(job)
         final = await self.chat.complete(job)
         out = final.samples[0].output
-        message, calls = message_from_output(job.plan, out.text)
+        thinking, answer = self.chat.split(out.text)
+        message, calls = message_from_output(job.plan, answer)
         content: list[dict[str, Any]] = []
+        if thinking:
+            content.append({"type": "thinking", "thinking": thinking, "signature": ""})
         if message.get("content"):
             content.append({"type": "text", "text": message["content"]})
         for c in calls:
@@ -170,6 +173,8 @@ class _Blocks:
     def feed(self, deltas: list[dict]):
         """One step's chat deltas: text, or tool calls (a new one opens a tool_use block)."""
         for delta in deltas:
+            if delta.get("reasoning_content"):
+                yield from self.thinking(delta["reasoning_content"])
             if delta.get("content"):
                 yield from self.text(delta["content"])
             for call in delta.get("tool_calls", []):
@@ -185,6 +190,11 @@ class _Blocks:
     def _delta(self, delta: dict) -> str:
         body = {"type": "content_block_delta", "index": self.index, "delta": delta}
         return sse_event("content_block_delta", body)
+
+    def thinking(self, text: str):
+        if self.open != "thinking":
+            yield from self._start({"type": "thinking", "thinking": "", "signature": ""})
+        yield self._delta({"type": "thinking_delta", "thinking": text})
 
     def text(self, text: str):
         if self.open != "text":

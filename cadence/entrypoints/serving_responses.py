@@ -112,8 +112,9 @@ class ResponsesServing:
         final = await self.chat.complete(job)
         out = final.samples[0].output
         raise_if_aborted(out.finish_reason)
-        message, calls = message_from_output(job.plan, out.text)
-        items = []
+        thinking, answer = self.chat.split(out.text)
+        message, calls = message_from_output(job.plan, answer)
+        items = [_reasoning_item(_item_id("rs"), thinking, "completed")] if thinking else []
         if message.get("content"):
             lps = self._logprobs(job, out.token_ids, out.logprobs)
             items.append(_message_item(_item_id("msg"), message["content"], lps, "completed"))
@@ -246,6 +247,8 @@ class _Items:
         in this API, so a call that opens drops them."""
         self.pending_lps += logprobs
         for delta in deltas:
+            if delta.get("reasoning_content"):
+                yield from self.thinking(delta["reasoning_content"])
             if "content" in delta:
                 yield from self.text(delta["content"], self.pending_lps)
                 self.pending_lps = []
@@ -255,6 +258,29 @@ class _Items:
         if self.pending_lps and (self.open is None or self.open["type"] == "message"):
             yield from self.text("", self.pending_lps)
             self.pending_lps = []
+
+    def thinking(self, text: str):
+        emit = self.events.emit
+        if self.open is None or self.open["type"] != "reasoning":
+            yield from self.close()
+            self.open = _reasoning_item(_item_id("rs"), "", "in_progress")
+            added = {**self.open, "content": []}
+            yield emit("response.output_item.added", output_index=self.index, item=added)
+            yield emit(
+                "response.content_part.added",
+                item_id=self.open["id"],
+                output_index=self.index,
+                content_index=0,
+                part={"type": "reasoning_text", "text": ""},
+            )
+        self.open["content"][0]["text"] += text
+        yield emit(
+            "response.reasoning_text.delta",
+            item_id=self.open["id"],
+            output_index=self.index,
+            content_index=0,
+            delta=text,
+        )
 
     def text(self, text: str, logprobs: list[dict]):
         emit = self.events.emit
@@ -315,12 +341,21 @@ class _Items:
             done = {"text": part["text"], "logprobs": part["logprobs"]}
             yield emit("response.output_text.done", **at, content_index=0, **done)
             yield emit("response.content_part.done", **at, content_index=0, part=part)
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            yield emit("response.reasoning_text.done", **at, content_index=0, text=part["text"])
+            yield emit("response.content_part.done", **at, content_index=0, part=part)
         else:
             done = {"name": item["name"], "arguments": item["arguments"]}
             yield emit("response.function_call_arguments.done", **at, **done)
         item["status"] = "completed"
         yield emit("response.output_item.done", output_index=self.index, item=item)
         self.done.append(item)
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict:
+    part = {"type": "reasoning_text", "text": text}
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": [part], "status": status}
 
 
 def _message_item(item_id: str, text: str, logprobs: list[dict], status: str) -> dict:

@@ -1,0 +1,34 @@
+"""The interface every reasoning parser implements, and the streaming helper they share."""
+
+from __future__ import annotations
+
+
+class ReasoningParser:
+    """Splits one sample's text, as it streams, into (thinking, answer) pieces.
+
+    Subclasses set `needs_special_tokens` when their markers are special tokens (the
+    text must then be detokenized with them kept)."""
+
+    needs_special_tokens = False
+
+    def feed(self, text: str) -> tuple[str, str]:
+        raise NotImplementedError
+
+    def finish(self) -> tuple[str, str]:
+        raise NotImplementedError
+
+
+def split_reasoning(parser: ReasoningParser, text: str) -> tuple[str, str]:
+    """(thinking, answer) of a whole text."""
+    r1, c1 = parser.feed(text)
+    r2, c2 = parser.finish()
+    return r1 + r2, c1 + c2
+
+
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker` (what to
+    hold back: the marker may be arriving)."""
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
