@@ -259,22 +259,28 @@ class _Items:
             yield from self.text("", self.pending_lps)
             self.pending_lps = []
 
-    def thinking(self, text: str):
-        emit = self.events.emit
-        if self.open is None or self.open["type"] != "reasoning":
-            yield from self.close()
-            self.open = _reasoning_item(_item_id("rs"), "", "in_progress")
-            added = {**self.open, "content": []}
-            yield emit("response.output_item.added", output_index=self.index, item=added)
-            yield emit(
+    def _open(self, item: dict, part: dict | None = None):
+        """Start streaming `item`, closing the one before: its added event (and its one
+        content part's, for a message or reasoning item)."""
+        yield from self.close()
+        self.open = item
+        added = {**item, "content": []} if part is not None else dict(item)
+        yield self.events.emit("response.output_item.added", output_index=self.index, item=added)
+        if part is not None:
+            yield self.events.emit(
                 "response.content_part.added",
-                item_id=self.open["id"],
+                item_id=item["id"],
                 output_index=self.index,
                 content_index=0,
-                part={"type": "reasoning_text", "text": ""},
+                part=part,
             )
+
+    def thinking(self, text: str):
+        if self.open is None or self.open["type"] != "reasoning":
+            item = _reasoning_item(_item_id("rs"), "", "in_progress")
+            yield from self._open(item, {"type": "reasoning_text", "text": ""})
         self.open["content"][0]["text"] += text
-        yield emit(
+        yield self.events.emit(
             "response.reasoning_text.delta",
             item_id=self.open["id"],
             output_index=self.index,
@@ -283,26 +289,18 @@ class _Items:
         )
 
     def text(self, text: str, logprobs: list[dict]):
-        emit = self.events.emit
         if self.open is not None and self.open["type"] != "message":
             yield from self.close()
         if self.open is None:
             if not text and not logprobs:
                 return
-            self.open = _message_item(_item_id("msg"), "", [], "in_progress")
-            added = {**self.open, "content": []}
-            yield emit("response.output_item.added", output_index=self.index, item=added)
-            yield emit(
-                "response.content_part.added",
-                item_id=self.open["id"],
-                output_index=self.index,
-                content_index=0,
-                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-            )
+            item = _message_item(_item_id("msg"), "", [], "in_progress")
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            yield from self._open(item, part)
         part = self.open["content"][0]
         part["text"] += text
         part["logprobs"] += logprobs
-        yield emit(
+        yield self.events.emit(
             "response.output_text.delta",
             item_id=self.open["id"],
             output_index=self.index,
@@ -316,10 +314,7 @@ class _Items:
         arguments."""
         fn = delta.get("function", {})
         if "id" in delta:
-            yield from self.close()
-            self.open = _call_item(delta["id"], fn.get("name", ""), "", "in_progress")
-            item = dict(self.open)
-            yield self.events.emit("response.output_item.added", output_index=self.index, item=item)
+            yield from self._open(_call_item(delta["id"], fn.get("name", ""), "", "in_progress"))
         args = fn.get("arguments") or ""
         if args and self.open is not None and self.open["type"] == "function_call":
             self.open["arguments"] += args
