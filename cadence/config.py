@@ -39,6 +39,17 @@ _SIZE_UNITS = {
 }
 
 
+def json_object(text: str, name: str) -> dict:
+    """A flag's JSON object (ValueError naming the flag otherwise)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    return value
+
+
 def parse_size(text: str | int) -> int:
     """Bytes from an int or a size such as '2147483648', '2GiB', '512MiB', '1.5G'."""
     if isinstance(text, int):
@@ -187,10 +198,7 @@ class SpeculativeConfig:
         if value is None or isinstance(value, SpeculativeConfig):
             return value
         if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+            value = json_object(value, "speculative_config")
         if not isinstance(value, dict):
             raise ValueError("speculative_config must be a JSON object")
         value = dict(value)

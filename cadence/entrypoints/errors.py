@@ -15,6 +15,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cadence.engine.client import EngineDeadError, EngineStepError
@@ -100,6 +101,13 @@ def anthropic_error_body(err: APIError) -> dict:
     fallback = "invalid_request_error" if err.status < 500 else "api_error"
     kind = _ANTHROPIC_TYPES.get(err.status, fallback)
     return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+def validation_message(e: ValidationError) -> str:
+    """A pydantic error, as one line naming where: `messages.0.role: Input should be ...`."""
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err.get("loc", ()))
+    return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))
 
 
 def api_error_for(e: BaseException) -> APIError:

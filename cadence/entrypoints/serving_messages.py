@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from cadence.engine.output_processor import RequestState
-from cadence.entrypoints.errors import APIError
+from cadence.entrypoints.errors import APIError, validation_message
 from cadence.entrypoints.messages_protocol import MessagesRequest, to_chat
 from cadence.entrypoints.openai_protocol import ChatCompletionRequest
 from cadence.entrypoints.serving import finish_reason, raise_if_aborted
@@ -155,9 +155,7 @@ def _translate(req: MessagesRequest) -> ChatCompletionRequest:
     try:
         return to_chat(req)
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        raise APIError(f"{where}: {err.get('msg')}", param="messages") from None
+        raise APIError(validation_message(e), param="messages") from None
     except ValueError as e:
         raise APIError(str(e), param="messages") from None
 

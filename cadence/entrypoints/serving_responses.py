@@ -26,10 +26,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from cadence.engine.output_processor import RequestState
-from cadence.entrypoints.errors import APIError
+from cadence.entrypoints.errors import APIError, validation_message
 from cadence.entrypoints.responses_protocol import (
     RESPONSE_ID,
     ResponsesRequest,
+    input_messages,
     to_chat,
 )
 from cadence.entrypoints.serving import raise_if_aborted
@@ -100,7 +101,7 @@ class ResponsesServing:
         try:
             chat_req = to_chat(req, history)
         except ValidationError as e:
-            raise APIError(_first_error(e), param="input") from None
+            raise APIError(validation_message(e), param="input") from None
         except ValueError as e:
             raise APIError(str(e), param="input") from None
         job = await self.chat.prepare(chat_req, rid=_item_id("resp"))
@@ -131,22 +132,8 @@ class ResponsesServing:
     def _remember(self, req: ResponsesRequest, body: dict, conversation: list[dict]) -> None:
         if self.store is None or req.store is False:
             return
-        turn = []
-        for item in body["output"]:
-            if item["type"] == "message":
-                turn.append({"role": "assistant", "content": item["content"][0]["text"]})
-            elif item["type"] == "function_call":
-                call = {
-                    "id": item["call_id"],
-                    "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]},
-                }
-                if turn and "tool_calls" in turn[-1]:
-                    turn[-1]["tool_calls"].append(call)
-                elif turn:
-                    turn[-1]["tool_calls"] = [call]
-                else:
-                    turn.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        # The output items read back as input (a reasoning item is dropped there).
+        turn = input_messages(body["output"])
         self.store.put(body, conversation + turn)
 
     def _body(
@@ -392,9 +379,3 @@ def _usage(job: ChatJob, state: RequestState) -> dict:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + output,
     }
-
-
-def _first_error(e: ValidationError) -> str:
-    err = e.errors()[0]
-    where = ".".join(str(x) for x in err.get("loc", ()))
-    return f"{where}: {err.get('msg')}" if where else str(err.get("msg"))

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from cadence.entrypoints.reasoning.base import partial_suffix
 from cadence.sampling_params import StructuredOutputsParams
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -329,7 +330,7 @@ class HermesStreamParser:
                 self.pending = self.pending[start + len(TOOL_CALL_OPEN) :]
                 self.in_call = True
                 continue
-            keep = _partial_tag_len(self.pending)
+            keep = partial_suffix(self.pending, TOOL_CALL_OPEN)
             content += self.pending[: len(self.pending) - keep]
             self.pending = self.pending[len(self.pending) - keep :]
             break
@@ -346,14 +347,6 @@ class HermesStreamParser:
                 return "", [call]
             return TOOL_CALL_OPEN + rest, []
         return rest, []
-
-
-def _partial_tag_len(text: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of <tool_call>."""
-    for n in range(min(len(text), len(TOOL_CALL_OPEN) - 1), 0, -1):
-        if TOOL_CALL_OPEN.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def finish_reason(plan: ToolPlan, calls: list[ToolCall], reason: str | None) -> str | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 
-from cadence.config import ModelConfig, PoolingSpec
+from cadence.config import ModelConfig, PoolingSpec, json_object
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 _ST_MODULES = {"Transformer", "Pooling", "Normalize"}
@@ -99,12 +99,7 @@ def _apply_sentence_transformers(spec: PoolingSpec, path: str) -> None:
 
 
 def _apply_override(spec: PoolingSpec, text: str) -> None:
-    try:
-        override = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--pooler-config is not JSON: {e}") from None
-    if not isinstance(override, dict):
-        raise ValueError("--pooler-config must be a JSON object")
+    override = json_object(text, "--pooler-config")
     unknown = set(override) - {"pooling_type", "normalize"}
     if unknown:
         raise ValueError(f"--pooler-config: unknown keys {sorted(unknown)}")

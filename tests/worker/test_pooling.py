@@ -186,7 +186,7 @@ def test_runner_pooling_turns_a_causal_lm_into_an_embedding_model(tiny_model_dir
     "kw, needle",
     [
         ({"runner": "embed"}, "runner must be"),
-        ({"pooler_config": "{"}, "not JSON"),
+        ({"pooler_config": "{"}, "not valid JSON"),
         ({"pooler_config": '{"pooling_type": "MAX"}'}, "pooling_type"),
         ({"pooler_config": '{"dimensions": 3}'}, "unknown keys"),
     ],

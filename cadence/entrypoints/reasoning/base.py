@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 
-class ReasoningParser:
+
+class ReasoningParser(ABC):
     """Splits one sample's text, as it streams, into (thinking, answer) pieces.
 
     Subclasses set `needs_special_tokens` when their markers are special tokens (the
@@ -11,11 +13,13 @@ class ReasoningParser:
 
     needs_special_tokens = False
 
+    @abstractmethod
     def feed(self, text: str) -> tuple[str, str]:
-        raise NotImplementedError
+        """The (thinking, answer) that `text`, the sample's next piece, completes."""
 
+    @abstractmethod
     def finish(self) -> tuple[str, str]:
-        raise NotImplementedError
+        """What is still held back, at the sample's end."""
 
 
 def split_reasoning(parser: ReasoningParser, text: str) -> tuple[str, str]:
