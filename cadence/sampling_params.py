@@ -31,6 +31,14 @@ class StructuredOutputsParams:
     grammar: str | None = None
     any_whitespace: bool = False
     max_whitespace: int | None = None
+    # A reasoning model's thinking is free; the constraint applies to what follows it
+    # (structured/thinking.py). Thinking ends at the token ids `thinking_end`;
+    # `thinking_start` is the one token that opens it at the output's start (None: the
+    # prompt opened it, the output starts inside); past `max_thinking_tokens` it is closed
+    # by force. With none of json ... grammar given, the answer is free (kind "free").
+    thinking_end: list[int] | None = None
+    thinking_start: int | None = None
+    max_thinking_tokens: int | None = None
 
     @property
     def kind(self) -> str:
@@ -45,6 +53,8 @@ class StructuredOutputsParams:
             )
             if given
         ]
+        if not kinds and self.thinking_end:
+            return "free"
         if len(kinds) != 1:
             raise ValueError(
                 "structured outputs take exactly one of json, json_object, regex, choice, "
@@ -62,6 +72,16 @@ class StructuredOutputsParams:
             raise ValueError("json must be a JSON schema (an object or its JSON text)")
         if kind in ("regex", "grammar") and not getattr(self, kind).strip():
             raise ValueError(f"{kind} must not be empty")
+        if self.thinking_end is not None and (
+            not self.thinking_end or not all(isinstance(t, int) for t in self.thinking_end)
+        ):
+            raise ValueError("thinking_end must be a non-empty list of token ids")
+        if self.max_thinking_tokens is not None and (
+            not isinstance(self.max_thinking_tokens, int) or self.max_thinking_tokens < 0
+        ):
+            raise ValueError(
+                f"max_thinking_tokens must be a non-negative integer, got {self.max_thinking_tokens!r}"
+            )
         if self.max_whitespace is not None and (
             not isinstance(self.max_whitespace, int) or self.max_whitespace < 0
         ):

@@ -99,6 +99,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="put the model's thinking into reasoning_content (chat), a reasoning item "
         "(Responses), a thinking block (Messages): deepseek_r1, qwen3 or gpt_oss",
     )
+    s.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        metavar="NAME",
+        help="the format tool calls are read in: hermes, llama3_json, mistral, "
+        "qwen3_coder, deepseek_v3, openai (GPT-OSS), or auto (default: from the chat "
+        "template; Hermes when the template does not know tools)",
+    )
     add_door_args(parser, serve=True)
 
 
@@ -120,6 +128,12 @@ def run_serve(args: argparse.Namespace) -> int:
             make_reasoning_parser(args.reasoning_parser)
         except ValueError as e:
             args.parser.error(f"--reasoning-parser: {e}")
+    from cadence.entrypoints.tool_parsers import tool_parser_factory
+
+    try:
+        tool_parser_factory(args.tool_call_parser)
+    except ValueError as e:
+        args.parser.error(f"--tool-call-parser: {e}")
     if args.data_parallel_size > 1 and args.responses_store_size:
         # (each replica would keep its own: a follow-up routed elsewhere would not find it)
         args.parser.error("--responses-store-size keeps responses in one server: not with -dp")
@@ -149,6 +163,7 @@ def run_serve(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         responses_store_size=args.responses_store_size,
         reasoning_parser=args.reasoning_parser,
+        tool_call_parser=args.tool_call_parser,
     )
     app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)

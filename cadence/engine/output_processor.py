@@ -97,6 +97,17 @@ class IncrementalDetokenizer:
         return ""
 
 
+def _spoken(up: RequestUpdate, include_stop: bool) -> int:
+    """How many of the update's tokens have text: all but the stop token (EOS or one of
+    stop_token_ids) that ended the sample, unless include_stop_str_in_output (as vLLM;
+    with special tokens kept, `<|im_end|>` would otherwise end every answer)."""
+    ids = up.new_token_ids
+    ended_by_token = up.finished and up.stop_reason is not None and bool(ids)
+    if ended_by_token and not include_stop and ids[-1] == up.stop_reason:
+        return len(ids) - 1
+    return len(ids)
+
+
 @dataclass
 class SampleState:
     output: CompletionOutput
@@ -286,16 +297,19 @@ class OutputProcessor:
                 out.logprobs.append(entry_lp)
                 out.cumulative_logprob += lp
         incremental = self.streaming or bool(state.params.stop)
+        spoken = _spoken(up, state.params.include_stop_str_in_output)
         if incremental:
-            out.text += sample.detok.push(up.new_token_ids)
+            out.text += sample.detok.push(up.new_token_ids[:spoken])
         if up.finished:
             out.finish_reason = up.finish_reason
             out.stop_reason = up.stop_reason
             if incremental:
                 out.text += sample.detok.flush()
             elif self.tokenizer is not None:
+                unspoken = len(up.new_token_ids) - spoken
                 out.text = self.tokenizer.decode(
-                    out.token_ids, skip_special_tokens=state.params.skip_special_tokens
+                    out.token_ids[: len(out.token_ids) - unspoken],
+                    skip_special_tokens=state.params.skip_special_tokens,
                 )
         if state.params.stop and not out.finished:
             hit = self._find_stop(state, out, len(up.new_token_ids))

@@ -47,6 +47,7 @@ from cadence.entrypoints.serving_embeddings import EmbeddingServing
 from cadence.entrypoints.serving_messages import MessagesServing
 from cadence.entrypoints.serving_responses import ResponsesServing, ResponseStore
 from cadence.entrypoints.streaming import error_events, sse_response, unless_disconnected
+from cadence.entrypoints.tool_calls import choose_tool_parser
 from cadence.entrypoints.web_ui import install_web_ui
 from cadence.kv_transfer.params import TransferAuthority
 from cadence.metrics import ServerMetrics
@@ -73,6 +74,7 @@ class ServerOptions:
     shutdown_timeout: float = 30.0  # s running requests get to finish on SIGTERM
     responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: none)
     reasoning_parser: str | None = None  # thinking apart from the answer (entrypoints/reasoning)
+    tool_call_parser: str = "auto"  # the format tool calls are read in (entrypoints/tool_parsers)
 
 
 def create_app(config: EngineConfig, options: ServerOptions | None = None) -> FastAPI:
@@ -107,7 +109,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         shared = (client, prompts, name, ready.max_model_len, admission, transfers)
         reasoning = opts.reasoning_parser
         chat = ChatServing(
-            *shared, reasoning=make_reasoning_parser(reasoning) if reasoning else None
+            *shared,
+            reasoning=make_reasoning_parser(reasoning) if reasoning else None,
+            tool_parser=choose_tool_parser(opts.tool_call_parser, tokenizer),
         )
         store = ResponseStore(opts.responses_store_size) if opts.responses_store_size else None
         state.update(

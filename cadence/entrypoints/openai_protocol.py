@@ -293,6 +293,8 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ChatTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
+    # With --reasoning-parser: thinking longer than this is closed by force
+    max_thinking_tokens: Annotated[int, Field(ge=0)] | None = None
 
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on one request's inputs

@@ -11,7 +11,7 @@ The chat path is also the engine room of the other conversational APIs (/v1/resp
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +22,7 @@ from cadence.entrypoints.openai_protocol import ChatCompletionRequest, now, rand
 from cadence.entrypoints.reasoning import ReasoningParser, split_reasoning
 from cadence.entrypoints.serving import Prompt, Serving, finish_reason
 from cadence.entrypoints.streaming import DONE, StreamCursor
+from cadence.entrypoints.thinking_bounds import thinking_bounds
 from cadence.entrypoints.tool_calls import (
     ToolCallStream,
     ToolPlan,
@@ -29,6 +30,8 @@ from cadence.entrypoints.tool_calls import (
     plan_tools,
 )
 from cadence.entrypoints.tool_calls import finish_reason as tool_finish_reason
+from cadence.entrypoints.tool_parsers import ToolParser
+from cadence.entrypoints.tool_parsers.hermes import HermesToolParser
 from cadence.sampling_params import SamplingParams
 
 
@@ -60,10 +63,46 @@ class SampleDelta:
 
 
 class ChatServing(Serving):
-    def __init__(self, *shared, reasoning: Callable[[], ReasoningParser] | None = None) -> None:
-        """`shared`: Serving's arguments; `reasoning`: the --reasoning-parser, if any."""
+    def __init__(
+        self,
+        *shared,
+        reasoning: type[ReasoningParser] | None = None,
+        tool_parser: type[ToolParser] = HermesToolParser,
+    ) -> None:
+        """`shared`: Serving's arguments; `reasoning`: the --reasoning-parser, if any;
+        `tool_parser`: the format tool calls are read in."""
         super().__init__(*shared)
         self.reasoning = reasoning
+        self.tool_parser = tool_parser
+        self._end_ids: list[int] | None = None  # the reasoning end marker's token ids
+
+    def usage(self, prompts: list[Prompt], states: list[RequestState | None]) -> dict:
+        """Serving's usage, with the thinking's share of the completion tokens when a
+        reasoning parser is on (completion_tokens_details.reasoning_tokens)."""
+        out = super().usage(prompts, states)
+        if self.reasoning is not None:
+            samples = [s.output for st in states if st is not None for s in st.samples]
+            thought = sum(self.reasoning_tokens(o.token_ids, o.text) for o in samples)
+            out["completion_tokens_details"] = {"reasoning_tokens": thought}
+        return out
+
+    def reasoning_tokens(self, token_ids: list[int], text: str) -> int:
+        """How many of a sample's tokens are thinking: up to the end marker, all of them
+        when the thinking never ended, none when there was none."""
+        if self.reasoning is None or not self.split(text)[0]:
+            return 0
+        end = self._end_marker_ids()
+        for i in range(len(token_ids) - len(end) + 1) if end else ():
+            if token_ids[i : i + len(end)] == end:
+                return i + len(end)
+        return len(token_ids)
+
+    def _end_marker_ids(self) -> list[int]:
+        if self._end_ids is None:
+            marker, tokenizer = self.reasoning.end_marker, self.prompts.tokenizer
+            ok = marker is not None and tokenizer is not None
+            self._end_ids = tokenizer.encode(marker, add_special_tokens=False) if ok else []
+        return self._end_ids
 
     def split(self, text: str) -> tuple[str, str]:
         """A finished sample's (thinking, answer)."""
@@ -83,8 +122,10 @@ class ChatServing(Serving):
         elif req.top_logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = self.sampling_params(req, max_tokens, top, len(ids))
-        if self.reasoning is not None and self.reasoning.needs_special_tokens:
-            params.skip_special_tokens = False  # its markers are special tokens
+        if (self.reasoning is not None and self.reasoning.needs_special_tokens) or (
+            plan.mode == "auto" and plan.in_prompt and plan.parser.needs_special_tokens
+        ):
+            params.skip_special_tokens = False  # their markers are special tokens
         forced = plan.constraint()
         if forced is not None:
             if params.structured_outputs is not None:
@@ -94,6 +135,16 @@ class ChatServing(Serving):
                     param="tool_choice",
                 )
             params.structured_outputs = forced
+        try:  # a reasoning model's constraint is for its answer, after the thinking
+            params.structured_outputs = thinking_bounds(
+                self.reasoning,
+                self.prompts.tokenizer,
+                ids,
+                params.structured_outputs,
+                req.max_thinking_tokens,
+            )
+        except ValueError as e:
+            raise APIError(str(e), param="max_thinking_tokens") from e
         self.admission.check_size(params.n, [len(ids)])
         await self.check_structured(params, "tools" if forced is not None else None)
         rid = rid or random_id("chatcmpl")
@@ -102,7 +153,7 @@ class ChatServing(Serving):
     async def render(self, req: ChatCompletionRequest) -> tuple[ToolPlan, list[int]]:
         """The request's tool plan, and its conversation through the template as ids."""
         try:
-            plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls)
+            plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         except ValueError as e:
             raise APIError(str(e), param="tool_choice") from e
         ids = await self.prompts.chat(

@@ -68,6 +68,19 @@ class ResponseStore:
 
 
 class ResponsesServing:
+    def _usage(self, job: ChatJob, state: RequestState) -> dict:
+        prompt = len(job.prompt.token_ids)
+        outputs = [s.output for s in state.samples]
+        output = sum(len(o.token_ids) for o in outputs)
+        thought = sum(self.chat.reasoning_tokens(o.token_ids, o.text) for o in outputs)
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": state.num_cached_tokens},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": thought},
+            "total_tokens": prompt + output,
+        }
+
     def __init__(self, chat: ChatServing, store: ResponseStore | None) -> None:
         self.chat = chat
         self.store = store
@@ -176,7 +189,7 @@ class ResponsesServing:
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "top_p": job.params.top_p,
             "truncation": req.truncation or "disabled",
-            "usage": None if state is None else _usage(job, state),
+            "usage": None if state is None else self._usage(job, state),
             "user": req.user,
         }
 
@@ -367,15 +380,3 @@ def _tool_choice(req: ResponsesRequest) -> Any:
     if choice is None:
         return "auto"
     return choice if isinstance(choice, str) else choice.model_dump(exclude_none=True)
-
-
-def _usage(job: ChatJob, state: RequestState) -> dict:
-    prompt = len(job.prompt.token_ids)
-    output = sum(len(s.output.token_ids) for s in state.samples)
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": state.num_cached_tokens},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + output,
-    }

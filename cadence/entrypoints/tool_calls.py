@@ -2,32 +2,41 @@
 
     tool_choice   prompt                output                          parsed as
     "none"        no tools              free text                       content
-    "auto"        tools (template)      free; may hold <tool_call>      Hermes blocks
+    "auto"        tools (template)      free; may hold calls            the model's format
     "required"    tools                 JSON array of {name, arguments} (grammar)  that array
     {function}    tools                 that function's arguments (grammar)       one call
 
-The model's format is the Hermes / Qwen one: `<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`. A chat template that knows tools (it mentions `tools`) renders them itself;
-for one that does not (SmolLM2's), `render_without_template_support` writes the tool list
-into the system message and earlier calls / results into the conversation as text.
+In "auto" the calls are read in the model's own format by the tool-call parser
+(`tool_parsers/`, `--tool-call-parser`). A chat template that knows tools (it mentions
+`tools`) renders them itself; for one that does not (SmolLM2's),
+`render_without_template_support` writes the tool list into the system message, with
+Hermes `<tool_call>` instructions, and earlier calls / results into the conversation as text.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from cadence.entrypoints.reasoning.base import partial_suffix
+from cadence.entrypoints.tool_parsers import (
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
+    parse_tool_calls,
+    tool_parser_factory,
+)
+from cadence.entrypoints.tool_parsers.base import arguments_object, new_call_id
+from cadence.entrypoints.tool_parsers.hermes import CLOSE as TOOL_CALL_CLOSE
+from cadence.entrypoints.tool_parsers.hermes import OPEN as TOOL_CALL_OPEN
+from cadence.entrypoints.tool_parsers.hermes import HermesToolParser
+from cadence.entrypoints.tool_parsers.json_array import JsonArrayToolParser
 from cadence.sampling_params import StructuredOutputsParams
 
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+logger = logging.getLogger("cadence.api")
 
 
 class FunctionDefinition(BaseModel):
@@ -57,27 +66,6 @@ class NamedToolChoice(BaseModel):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str  # JSON text of an object
-    id: str = field(default_factory=new_call_id)
-
-    def to_openai(self, index: int | None = None) -> dict:
-        out: dict[str, Any] = {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-        if index is not None:
-            out["index"] = index
-        return out
-
-
 @dataclass
 class ToolPlan:
     """How one request uses its tools."""
@@ -86,6 +74,11 @@ class ToolPlan:
     tools: list[ChatTool]
     function_name: str | None = None  # mode "named"
     parallel: bool = True  # parallel_tool_calls: False keeps the first call only
+    parser: type[ToolParser] = HermesToolParser  # reads "auto" answers
+
+    def new_parser(self, incremental: bool = True) -> ToolParser:
+        parameters = {t.function.name: _parameters(t.function) for t in self.tools}
+        return self.parser(parameters, incremental=incremental)
 
     @property
     def in_prompt(self) -> bool:
@@ -124,7 +117,10 @@ def _parameters(fn: FunctionDefinition) -> dict[str, Any]:
 
 
 def plan_tools(
-    tools: list[ChatTool] | None, tool_choice: ToolChoice | None, parallel: bool = True
+    tools: list[ChatTool] | None,
+    tool_choice: ToolChoice | None,
+    parallel: bool = True,
+    parser: type[ToolParser] = HermesToolParser,
 ) -> ToolPlan:
     """Check tools against tool_choice. Raises ValueError saying what is wrong."""
     tools = tools or []
@@ -137,12 +133,12 @@ def plan_tools(
         name = tool_choice.function.name
         if name not in names:
             raise ValueError(f"tool_choice names function {name!r}, which is not in tools")
-        return ToolPlan("named", tools, name, parallel)
+        return ToolPlan("named", tools, name, parallel, parser)
     if not tools:
         if tool_choice == "required":
             raise ValueError('tool_choice "required" needs at least one tool in tools')
         tool_choice = "none"
-    return ToolPlan(tool_choice, tools, parallel=parallel)
+    return ToolPlan(tool_choice, tools, parallel=parallel, parser=parser)
 
 
 def template_supports_tools(tokenizer) -> bool:
@@ -152,18 +148,27 @@ def template_supports_tools(tokenizer) -> bool:
     return bool(template) and "tools" in template
 
 
+def choose_tool_parser(name: str, tokenizer) -> type[ToolParser]:
+    """The parser for --tool-call-parser `name` and this tokenizer's chat template. A
+    template that does not know tools gets cadence's Hermes instructions: Hermes it is."""
+    if tokenizer is None or not template_supports_tools(tokenizer):
+        if name not in ("auto", "hermes"):
+            logger.warning(
+                "--tool-call-parser %s: the chat template does not render tools, so tools "
+                "are described with Hermes <tool_call> instructions and read as Hermes",
+                name,
+            )
+        return HermesToolParser
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    parser = tool_parser_factory(name, template)
+    logger.info("tool calls are read as %s", parser.__name__)
+    return parser
+
+
 def tools_for_template(tools: list[ChatTool]) -> list[dict]:
     return [t.model_dump(exclude_none=True) for t in tools]
-
-
-def _arguments_object(arguments: Any) -> Any:
-    """Templates expect a call's arguments as a mapping; OpenAI sends JSON text."""
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
-    return arguments
 
 
 def conversation_for_template(messages: list[dict]) -> list[dict]:
@@ -177,7 +182,7 @@ def conversation_for_template(messages: list[dict]) -> list[dict]:
                     **c,
                     "function": {
                         **c["function"],
-                        "arguments": _arguments_object(c["function"].get("arguments")),
+                        "arguments": arguments_object(c["function"].get("arguments")),
                     },
                 }
                 for c in m["tool_calls"]
@@ -213,7 +218,7 @@ def render_without_template_support(
                 + json.dumps(
                     {
                         "name": c["function"]["name"],
-                        "arguments": _arguments_object(c["function"].get("arguments")),
+                        "arguments": arguments_object(c["function"].get("arguments")),
                     },
                     ensure_ascii=False,
                 )
@@ -239,114 +244,9 @@ def render_without_template_support(
 # ---- parsing the model's output -------------------------------------------------------
 
 
-def _call_from_json(text: str) -> ToolCall | None:
-    try:
-        return _call_from_object(json.loads(text))
-    except json.JSONDecodeError:
-        return None
-
-
-def _call_from_object(obj) -> ToolCall | None:
-    """{"name": ..., "arguments": {...}} (or "parameters", or arguments as JSON text)."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    args = _arguments_object(args)
-    if not isinstance(args, dict):
-        return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
-
-
-def parse_hermes(text: str) -> tuple[str, list[ToolCall]]:
-    """(content outside the tool-call blocks, the calls). A block that does not parse
-    stays in the content; an unclosed last block is tried as if it were closed."""
-    calls: list[ToolCall] = []
-    content: list[str] = []
-    pos = 0
-    for m in _BLOCK.finditer(text):
-        call = _call_from_json(m.group(1))
-        if call is None:
-            continue
-        content.append(text[pos : m.start()])
-        calls.append(call)
-        pos = m.end()
-    rest = text[pos:]
-    open_at = rest.rfind(TOOL_CALL_OPEN)  # the last one: earlier bad blocks stay text
-    if open_at >= 0:
-        call = _call_from_json(rest[open_at + len(TOOL_CALL_OPEN) :].strip())
-        if call is not None:
-            calls.append(call)
-            rest = rest[:open_at]
-    content.append(rest)
-    return "".join(content).strip() if calls else text, calls
-
-
 def parse_required(text: str) -> list[ToolCall]:
     """The JSON array a "required" grammar produced."""
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        return []
-    calls = []
-    for item in items if isinstance(items, list) else []:
-        call = _call_from_object(item)
-        if call is not None:
-            calls.append(call)
-    return calls
-
-
-class HermesStreamParser:
-    """Splits streamed text into content deltas and complete tool calls.
-
-    Text that might be the start of `<tool_call>` is held back until it is clearly not;
-    inside a block everything is buffered until `</tool_call>`, then one call comes out."""
-
-    def __init__(self) -> None:
-        self.pending = ""  # held back: a possible tag prefix, or an open block
-        self.in_call = False
-        self.num_calls = 0
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCall]]:
-        self.pending += delta
-        content, calls = "", []
-        while True:
-            if self.in_call:
-                end = self.pending.find(TOOL_CALL_CLOSE)
-                if end < 0:
-                    break
-                body = self.pending[:end]
-                self.pending = self.pending[end + len(TOOL_CALL_CLOSE) :]
-                self.in_call = False
-                call = _call_from_json(body.strip())
-                if call is None:  # not a call after all: give it back as text
-                    content += TOOL_CALL_OPEN + body + TOOL_CALL_CLOSE
-                else:
-                    calls.append(call)
-                    self.num_calls += 1
-                continue
-            start = self.pending.find(TOOL_CALL_OPEN)
-            if start >= 0:
-                content += self.pending[:start]
-                self.pending = self.pending[start + len(TOOL_CALL_OPEN) :]
-                self.in_call = True
-                continue
-            keep = partial_suffix(self.pending, TOOL_CALL_OPEN)
-            content += self.pending[: len(self.pending) - keep]
-            self.pending = self.pending[len(self.pending) - keep :]
-            break
-        return content, calls
-
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """At the end of the output: an unclosed block is tried as a call, else text."""
-        rest, self.pending = self.pending, ""
-        if self.in_call:
-            self.in_call = False
-            call = _call_from_json(rest.strip())
-            if call is not None:
-                self.num_calls += 1
-                return "", [call]
-            return TOOL_CALL_OPEN + rest, []
-        return rest, []
+    return parse_tool_calls(JsonArrayToolParser(incremental=False), text)[1]
 
 
 def finish_reason(plan: ToolPlan, calls: list[ToolCall], reason: str | None) -> str | None:
@@ -361,7 +261,7 @@ def message_from_output(plan: ToolPlan, text: str) -> tuple[dict, list[ToolCall]
     calls: list[ToolCall] = []
     content: str | None = text
     if plan.mode == "auto":
-        content, calls = parse_hermes(text)
+        content, calls = parse_tool_calls(plan.new_parser(incremental=False), text)
     elif plan.mode == "required":
         calls = parse_required(text)
     elif plan.mode == "named":
@@ -376,51 +276,48 @@ def message_from_output(plan: ToolPlan, text: str) -> tuple[dict, list[ToolCall]
 
 
 class ToolCallStream:
-    """One streamed sample's deltas: content, or tool calls as OpenAI's `tool_calls` deltas."""
+    """One streamed sample's deltas: content, or tool calls as OpenAI's `tool_calls` deltas
+    (a call's first delta carries its id and name, the next ones more of its arguments)."""
 
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
-        self.parser = HermesStreamParser() if plan.mode == "auto" else None
-        self.buffer = ""  # "required": the array, parsed at the end
-        self.named_call: ToolCall | None = None
-        self.calls: list[ToolCall] = []
+        self.parser: ToolParser | None = None
+        if plan.mode == "auto":
+            self.parser = plan.new_parser()
+        elif plan.mode == "required":
+            self.parser = JsonArrayToolParser()
+        self.calls: list[ToolCall] = []  # so far, arguments included
 
     def feed(self, text: str) -> list[dict]:
-        mode = self.plan.mode
-        if mode == "auto":
-            content, calls = self.parser.feed(text)
-            return self._deltas(content, calls)
-        if mode == "required":
-            self.buffer += text
-            return []
-        if mode == "named":
+        if self.parser is not None:
+            return self._deltas(self.parser.feed(text))
+        if self.plan.mode == "named":
             if not text:
                 return []
-            if self.named_call is None:
-                self.named_call = ToolCall(self.plan.function_name, "")
-                self.calls.append(self.named_call)
-                head = self.named_call.to_openai(index=0)
-                head["function"]["arguments"] = text
-                return [{"tool_calls": [head]}]
-            return [{"tool_calls": [{"index": 0, "function": {"arguments": text}}]}]
+            if not self.calls:
+                return self._deltas(
+                    [ToolCallDelta(0, text, new_call_id(), self.plan.function_name)]
+                )
+            return self._deltas([ToolCallDelta(0, text)])
         return [{"content": text}] if text else []
 
     def finish(self) -> list[dict]:
-        if self.plan.mode == "auto":
-            content, calls = self.parser.finish()
-            return self._deltas(content, calls)
-        if self.plan.mode == "required":
-            calls = parse_required(self.buffer)
-            if not calls:
-                return [{"content": self.buffer}] if self.buffer else []
-            return self._deltas("", calls)
-        return []
+        return self._deltas(self.parser.finish()) if self.parser is not None else []
 
-    def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict]:
-        out: list[dict] = [{"content": content}] if content else []
-        if not self.plan.parallel:
-            calls = calls[: max(0, 1 - len(self.calls))]
-        for call in calls:
-            out.append({"tool_calls": [call.to_openai(index=len(self.calls))]})
-            self.calls.append(call)
+    def _deltas(self, pieces: list) -> list[dict]:
+        out: list[dict] = []
+        for p in pieces:
+            if isinstance(p, str):
+                out.append({"content": p})
+            elif p.index > 0 and not self.plan.parallel:
+                continue  # parallel_tool_calls false: the first call only
+            elif p.index < len(self.calls):
+                self.calls[p.index].arguments += p.arguments
+                out.append(
+                    {"tool_calls": [{"index": p.index, "function": {"arguments": p.arguments}}]}
+                )
+            else:
+                call = ToolCall(p.name or "", p.arguments, p.id or new_call_id())
+                self.calls.append(call)
+                out.append({"tool_calls": [call.to_openai(index=p.index)]})
         return out

@@ -198,6 +198,8 @@ def to_grammar(p: StructuredOutputsParams):
 
     p.verify()
     kind = p.kind
+    if kind == "free":
+        return None  # thinking bounds only: nothing to match after it
     try:
         if kind in ("json", "json_object"):
             text = _schema_text(p)
@@ -235,6 +237,8 @@ def _parse_grammar(text: str):
 def cache_key(p: StructuredOutputsParams) -> str:
     """Equal keys compile to the same grammar."""
     kind = p.kind
+    if kind == "free":
+        return json.dumps([kind])
     value: Any = {
         "json": load_schema(p.json) if kind == "json" else None,
         "json_object": p.json_object,
@@ -247,5 +251,7 @@ def cache_key(p: StructuredOutputsParams) -> str:
 
 
 def compile_grammar(compiler, p: StructuredOutputsParams):
-    """A CompiledGrammar for `p` against the compiler's vocabulary (seconds at worst)."""
-    return compiler.compile_grammar(to_grammar(p))
+    """A CompiledGrammar for `p` against the compiler's vocabulary (seconds at worst);
+    None when there is nothing to match (kind "free")."""
+    grammar = to_grammar(p)
+    return None if grammar is None else compiler.compile_grammar(grammar)

@@ -35,6 +35,7 @@ import torch
 from cadence.sampling_params import StructuredOutputsParams
 from cadence.structured.compile_pool import CompileJob, CompilePool, CompilerBusy
 from cadence.structured.grammar import cache_key, compile_grammar
+from cadence.structured.thinking import ThinkingMatcher
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,16 @@ class GrammarManager:
                 failed.append((rid, errors[key]))
                 del self._waiting[rid]
             elif key in self._cache:
-                self.matchers[rid] = xgr.GrammarMatcher(self._cache[key])
+                compiled = self._cache[key]
+                matcher = None if compiled is None else xgr.GrammarMatcher(compiled)
+                if params.thinking_end:  # the grammar applies after the thinking
+                    matcher = ThinkingMatcher(
+                        matcher,
+                        params.thinking_end,
+                        params.thinking_start,
+                        params.max_thinking_tokens,
+                    )
+                self.matchers[rid] = matcher
                 ready.append(rid)
                 del self._waiting[rid]
             elif key in self._too_slow:

@@ -235,3 +235,27 @@ def test_abort_while_compiling(llm, monkeypatch):
     release.set()
     assert llm.engine.step() == []
     assert "gone" not in manager.matchers
+
+
+@pytest.mark.parametrize("jump_forward", [True, False], ids=["jump", "no-jump"])
+def test_schema_applies_after_the_thinking_and_a_budget_closes_it(llm, jump_forward):
+    """The model thinks freely for its budget (4 tokens), the end marker is written by
+    force, and the answer after it is the schema's (reasoning models, thinking_bounds)."""
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    end = llm.tokenizer.encode("</think>", add_special_tokens=False)
+    so = S(json=person, thinking_end=end, max_thinking_tokens=4)
+    llm.engine.config.structured.jump_forward = jump_forward
+    try:
+        out = llm.chat(chat("Who are you? Think first."), greedy(so, max_tokens=120))
+    finally:
+        llm.engine.config.structured.jump_forward = True
+    out = out[0].outputs[0]
+    assert out.token_ids[4 : 4 + len(end)] == end
+    thinking, sep, answer = out.text.partition("</think>")
+    assert sep and thinking  # (the free part: whatever the model thought)
+    jsonschema.validate(json.loads(answer), person)
+    assert out.finish_reason == "stop"

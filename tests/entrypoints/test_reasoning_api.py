@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 
+import openai
+import pytest
+
 from cadence.entrypoints.serving_messages import _Blocks
 from cadence.entrypoints.serving_responses import _EventWriter, _Items
 
@@ -22,6 +25,9 @@ def test_chat_splits_thinking_from_the_answer_streamed_and_not(client, model_nam
     assert thinking and "<think>" not in thinking and "</think>" not in thinking
     assert msg.model_extra["reasoning"] == thinking
     assert msg.content[0].isupper() and msg.content.endswith(".") and "think>" not in msg.content
+    # The thinking's tokens, `</think>` included, are counted apart.
+    thought = r.usage.completion_tokens_details.reasoning_tokens
+    assert 0 < thought < r.usage.completion_tokens
     chunks = list(client.chat.completions.create(**kw, stream=True))
     streamed_thinking = "".join(
         (c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
@@ -38,6 +44,18 @@ def test_without_a_think_block_everything_is_the_answer(client, model_name):
     )
     assert "reasoning_content" not in (r.choices[0].message.model_extra or {})
     assert r.choices[0].message.content
+    assert r.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_a_thinking_budget_that_cannot_be_kept_is_refused(client, model_name):
+    # SmolLM2 spells <think> as text: thinking cannot be told from an answer's first tokens.
+    with pytest.raises(openai.BadRequestError, match="max_thinking_tokens"):
+        client.chat.completions.create(
+            model=model_name,
+            messages=QUESTION,
+            max_tokens=8,
+            extra_body={"max_thinking_tokens": 4},
+        )
 
 
 def _events(sse: list[str]) -> list[dict]:

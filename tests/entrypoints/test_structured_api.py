@@ -318,14 +318,20 @@ def test_auto_tool_choice_parses_hermes_calls(client, model_name, stream):
         args = [c.function.arguments for c in calls]
     else:
         content, args, reason, names = "", [], None, []
+        pieces = 0
         for chunk in client.chat.completions.create(stream=True, **kwargs):
             for c in chunk.choices:
                 content += c.delta.content or ""
                 reason = c.finish_reason or reason
                 for d in c.delta.tool_calls or []:
-                    names.append(d.function.name)
-                    args.append(d.function.arguments)
+                    pieces += 1
+                    if d.function.name:  # a new call: its id and name, then its arguments
+                        assert d.id and d.index == len(names)
+                        names.append(d.function.name)
+                        args.append("")
+                    args[d.index] += d.function.arguments or ""
         assert names == ["get_weather"]
+        assert pieces > 2  # the arguments streamed in pieces, as they were written
     assert content.strip() == "Checking."
     assert reason == "tool_calls"
     assert len(args) == 1

@@ -1,5 +1,6 @@
 """Tool calling without a model: plans, prompts for templates without tool support, and
-parsing the Hermes `<tool_call>` format, whole and streamed."""
+answers shaped into OpenAI's message / deltas per tool_choice (the formats themselves:
+tests/entrypoints/tool_parsers)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,14 @@ import pytest
 
 from cadence.entrypoints.tool_calls import (
     ChatTool,
-    HermesStreamParser,
     NamedToolChoice,
     ToolCallStream,
     message_from_output,
-    parse_hermes,
     parse_required,
     plan_tools,
     render_without_template_support,
 )
+from cadence.entrypoints.tool_parsers.mistral import MistralToolParser
 from cadence.structured.grammar import to_grammar
 
 WEATHER = ChatTool.model_validate(
@@ -67,62 +67,32 @@ def test_forced_calls_compile_to_grammars():
     assert plan_tools([WEATHER], "auto").constraint() is None
 
 
-def test_parse_hermes_calls_and_content():
-    text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    content, calls = parse_hermes(text)
-    assert content == "Let me check."
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
-        ("get_weather", {"city": "Paris"})
-    ]
-    assert calls[0].id.startswith("call_")
-    # Two calls; arguments given as a JSON string; an unclosed last block.
-    text = (
-        '<tool_call>{"name": "a", "arguments": "{\\"x\\": 1}"}</tool_call>'
-        '<tool_call>{"name": "b", "arguments": {}}'
-    )
-    _, calls = parse_hermes(text)
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("a", {"x": 1}), ("b", {})]
-    # Not a call: the text stays content.
-    assert parse_hermes("<tool_call>not json</tool_call>") == (
-        "<tool_call>not json</tool_call>",
-        [],
-    )
-    assert parse_hermes("plain answer") == ("plain answer", [])
-    # A bad block before an unclosed good one: the good one is still found (as streaming does).
-    content, calls = parse_hermes(
-        'x <tool_call>bad</tool_call> <tool_call>{"name": "f", "arguments": {}}'
-    )
-    assert [c.name for c in calls] == ["f"] and content == "x <tool_call>bad</tool_call>"
-
-
 def test_parse_required_array():
     calls = parse_required(
         '[{"name": "get_time", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]'
     )
     assert [c.name for c in calls] == ["get_time", "get_weather"]
     assert parse_required("[{") == []
+    assert parse_required("not an array") == []
 
 
-@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
-def test_stream_parser_gives_the_same_result_at_any_chunking(step):
-    text = 'Sure <b>.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\nDone <tool_'
-    parser = HermesStreamParser()
-    content, calls = "", []
-    for i in range(0, len(text), step):
-        c, k = parser.feed(text[i : i + step])
-        content += c
-        calls += k
-    c, k = parser.finish()
-    content += c
-    calls += k
-    assert content == "Sure <b>.\n\nDone <tool_"
-    assert [c.name for c in calls] == ["get_weather"]
+def test_required_stream_sends_each_call_as_it_is_written():
+    stream = ToolCallStream(plan_tools([WEATHER, TIME], "required"))
+    text = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]'
+    deltas = [d for ch in text for d in stream.feed(ch)] + stream.finish()
+    heads = [d["tool_calls"][0] for d in deltas if "id" in d["tool_calls"][0]]
+    assert [(h["index"], h["function"]["name"]) for h in heads] == [
+        (0, "get_weather"),
+        (1, "get_time"),
+    ]
+    assert len(deltas) > 3  # the arguments came in pieces
+    assert [json.loads(c.arguments) for c in stream.calls] == [{"city": "Oslo"}, {}]
 
 
-def test_stream_holds_back_only_what_may_be_a_tag():
-    parser = HermesStreamParser()
-    assert parser.feed("a <tool") == ("a ", [])
-    assert parser.feed("box>") == ("<toolbox>", [])
+def test_the_parser_reads_auto_answers_in_the_model_format():
+    plan = plan_tools([WEATHER], "auto", parser=MistralToolParser)
+    msg, calls = message_from_output(plan, 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}')
+    assert msg["content"] == "Sure." and calls[0].name == "get_weather" and len(calls[0].id) == 9
 
 
 def test_named_stream_sends_id_and_name_first_then_argument_pieces():
@@ -185,4 +155,5 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     assert [c.name for c in calls] == ["get_time"]
     stream = ToolCallStream(plan)
     deltas = stream.feed(text) + stream.finish()
-    assert [d["tool_calls"][0]["function"]["name"] for d in deltas] == ["get_time"]
+    assert {d["tool_calls"][0]["index"] for d in deltas} == {0}
+    assert deltas[0]["tool_calls"][0]["function"]["name"] == "get_time"

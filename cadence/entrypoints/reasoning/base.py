@@ -9,9 +9,14 @@ class ReasoningParser(ABC):
     """Splits one sample's text, as it streams, into (thinking, answer) pieces.
 
     Subclasses set `needs_special_tokens` when their markers are special tokens (the
-    text must then be detokenized with them kept)."""
+    text must then be detokenized with them kept), and their markers."""
 
     needs_special_tokens = False
+    # The markers as text, for the engine: a structured output applies after `end_marker`,
+    # and a thinking budget is kept by writing it (None: the format cannot be bounded).
+    start_marker: str | None = None
+    end_marker: str | None = None
+    starts_thinking = False  # the template's prompt opens the thinking (DeepSeek-R1)
 
     @abstractmethod
     def feed(self, text: str) -> tuple[str, str]:

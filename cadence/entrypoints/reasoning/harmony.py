@@ -3,7 +3,8 @@
 tokens, so the sample's text keeps them (`needs_special_tokens`). A message's header (up
 to `<|message|>`) names its channel: text in `analysis` is thinking, in any other channel
 (`final`, a `commentary` preamble) the answer; markers and headers are neither. Text with
-no header at all is the answer.
+no header at all is the answer. A message to a recipient (`to=functions.f`: a tool call)
+goes to the answer whole, header and markers kept, for the tool-call parser.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 
 class HarmonyReasoningParser(ReasoningParser):
     needs_special_tokens = True
+    end_marker = "<|channel|>final<|message|>"  # the answer's channel opens
+    starts_thinking = True  # (a model that answers at once writes the marker first)
 
     def __init__(self) -> None:
         self.state = "body"  # header (to <|message|>) | body | between (after <|end|>)
@@ -32,8 +35,12 @@ class HarmonyReasoningParser(ReasoningParser):
                 end = self.pending.find("<|message|>")
                 if end < 0:
                     break
-                m = _CHANNEL.search(self.pending[:end])
+                header = self.pending[:end]
+                m = _CHANNEL.search(header)
                 self.channel = m.group(1) if m else "final"
+                if "to=" in header:  # a call: kept whole for the tool-call parser
+                    self.channel = "call"
+                    answer += "<|start|>" + header + "<|message|>"
                 self.pending = self.pending[end + len("<|message|>") :]
                 self.state = "body"
                 continue
@@ -64,6 +71,8 @@ class HarmonyReasoningParser(ReasoningParser):
                 self.state = "header"
                 continue
             self.pending = self.pending[m.end() :]
+            if self.channel == "call" and self.state == "body":
+                answer += m.group(0)
             if name == "start":
                 self.state = "header"
             elif name in ("end", "return", "call"):

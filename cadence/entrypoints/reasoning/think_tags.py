@@ -15,7 +15,7 @@ OPEN, CLOSE = "<think>", "</think>"
 
 
 class ThinkTagParser(ReasoningParser):
-    starts_thinking = False
+    start_marker, end_marker = OPEN, CLOSE
 
     def __init__(self) -> None:
         self.state = "thinking" if self.starts_thinking else "before"

@@ -1,0 +1,56 @@
+"""Hermes / Qwen 2.5 / Qwen3: `<tool_call>{"name": "f", "arguments": {...}}</tool_call>`,
+any number of blocks, text between them. A block that is not a call stays text; an
+unclosed last block (output cut short) is a call when what came parses."""
+
+from __future__ import annotations
+
+from cadence.entrypoints.reasoning.base import partial_suffix
+from cadence.entrypoints.tool_parsers.base import Piece, ToolParser
+from cadence.entrypoints.tool_parsers.json_calls import JsonCallStream
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class HermesToolParser(ToolParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.block: JsonCallStream | None = None  # inside <tool_call>
+
+    def feed(self, text: str) -> list[Piece]:
+        self.pending += text
+        out: list[Piece] = []
+        while self.pending:
+            if self.block is None:
+                text, opened = self.text_until(OPEN)
+                out.append(text)
+                if not opened:
+                    break
+                self.block, self.raw = JsonCallStream(self), ""
+                continue
+            end = self.pending.find(CLOSE)
+            body = self.pending if end < 0 else self.pending[:end]
+            if end < 0:
+                body = body[: len(body) - partial_suffix(body, CLOSE)]
+            out += self.block.feed(body)
+            self.raw += body
+            self.pending = self.pending[len(body) :]
+            if end < 0:
+                break
+            self.pending = self.pending[len(CLOSE) :]
+            out += self._end_block(CLOSE)
+        return [p for p in out if p != ""]
+
+    def _end_block(self, close: str) -> list[Piece]:
+        pieces, ok = self.block.close()  # (text after the call's object is dropped)
+        if not ok:
+            pieces = [OPEN + self.raw + close]
+        self.block = None
+        return pieces
+
+    def finish(self) -> list[Piece]:
+        rest, self.pending = self.pending, ""
+        if self.block is None:
+            return [rest] if rest else []
+        out = self.block.feed(rest)
+        self.raw += rest
+        return out + self._end_block("")
