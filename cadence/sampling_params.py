@@ -15,7 +15,8 @@ _GREEDY_EPS = 1e-5
 
 @dataclass
 class StructuredOutputsParams:
-    """What the output must match: exactly one of json, json_object, regex, choice, grammar.
+    """What the output must match: exactly one of json, json_object, regex, choice, grammar,
+    structural_tag.
 
     `json` is a JSON schema (a dict or its JSON text). `grammar` is EBNF in xgrammar's
     GBNF-style dialect (`root ::= ...`); a Lark grammar is accepted too. By default JSON is
@@ -29,8 +30,13 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: str | None = None  # xgrammar's structural tag (JSON text): tool calls
     any_whitespace: bool = False
     max_whitespace: int | None = None
+    # A JSON schema with keywords no grammar expresses (uniqueItems, a lookahead, not ...):
+    # strict refuses it (OpenAI's `strict: true`); otherwise the grammar enforces what it
+    # can and the rest is checked as values complete (structured/checked.py).
+    strict: bool = False
     # A reasoning model's thinking is free; the constraint applies to what follows it
     # (structured/thinking.py). Thinking ends at the token ids `thinking_end`;
     # `thinking_start` is the one token that opens it at the output's start (None: the
@@ -50,6 +56,7 @@ class StructuredOutputsParams:
                 ("regex", self.regex is not None),
                 ("choice", self.choice is not None),
                 ("grammar", self.grammar is not None),
+                ("structural_tag", self.structural_tag is not None),
             )
             if given
         ]
@@ -58,7 +65,7 @@ class StructuredOutputsParams:
         if len(kinds) != 1:
             raise ValueError(
                 "structured outputs take exactly one of json, json_object, regex, choice, "
-                f"grammar; got {', '.join(kinds) if kinds else 'none'}"
+                f"grammar, structural_tag; got {', '.join(kinds) if kinds else 'none'}"
             )
         return kinds[0]
 
@@ -70,7 +77,7 @@ class StructuredOutputsParams:
             raise ValueError("choice must be a non-empty list of non-empty strings")
         if kind == "json" and not isinstance(self.json, dict | str):
             raise ValueError("json must be a JSON schema (an object or its JSON text)")
-        if kind in ("regex", "grammar") and not getattr(self, kind).strip():
+        if kind in ("regex", "grammar", "structural_tag") and not getattr(self, kind).strip():
             raise ValueError(f"{kind} must not be empty")
         if self.thinking_end is not None and (
             not self.thinking_end or not all(isinstance(t, int) for t in self.thinking_end)

@@ -29,6 +29,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    FINISHED_INVALID = 6  # ended, but its output breaks its schema (structured/checked.py)
 
     @property
     def finished(self) -> bool:
@@ -39,6 +40,7 @@ FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_INVALID: "error",  # (vLLM's name for a request that failed)
 }
 
 

@@ -375,6 +375,8 @@ class Scheduler:
                 status = self._check_stop(req, forced)
                 if status is not None:
                     break
+            if status == RequestStatus.FINISHED_STOPPED and rid in grammar.violated:
+                status = RequestStatus.FINISHED_INVALID  # never a success that breaks the schema
             if status is not None:
                 (self.running if req.status == RequestStatus.RUNNING else self.waiting).remove(req)
                 self._finish(req, status)

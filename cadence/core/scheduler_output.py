@@ -102,6 +102,9 @@ class GrammarVerdicts:
     done: frozenset[str] | set[str] = frozenset()  # grammar complete: the request stops
     # request id -> its proposed drafts cut to what the grammar allows (replace the worker's)
     proposals: dict[str, list[int]] = field(default_factory=dict)
+    # run-time schema checks found a value the grammar let through that breaks the schema
+    # (a dead end): the request ends now, and not as a success (also in `done`)
+    violated: frozenset[str] | set[str] = frozenset()
 
 
 NO_VERDICTS = GrammarVerdicts()

@@ -173,9 +173,11 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
     # An assistant turn last is a prefill: the answer continues its text.
     last = messages[-1]
     prefill = last["role"] == "assistant" and not last.get("tool_calls") and bool(last["content"])
-    kwargs = None
+    kwargs, budget = None, None
     if req.thinking is not None and req.thinking.get("type") in ("enabled", "disabled"):
         kwargs = {"enable_thinking": req.thinking["type"] == "enabled"}  # (Qwen3's switch)
+        if isinstance(req.thinking.get("budget_tokens"), int) and kwargs["enable_thinking"]:
+            budget = max(0, req.thinking["budget_tokens"])  # kept where the server can
     return ChatCompletionRequest.model_validate(
         {
             "model": req.model,
@@ -192,5 +194,6 @@ def to_chat(req: MessagesRequest) -> ChatCompletionRequest:
             "tool_choice": choice,
             "parallel_tool_calls": parallel,
             "response_format": response_format,
+            "max_thinking_tokens": budget,
         }
     )

@@ -159,7 +159,8 @@ class _SamplingFields(_Base):
             if rf.json_schema is None or rf.json_schema.json_schema is None:
                 raise ValueError("response_format json_schema needs json_schema.schema")
             schema = rf.json_schema.json_schema
-            found.append(("response_format", _schema_params(schema)))
+            strict = bool(rf.json_schema.strict)  # OpenAI's contract: all of it, or a 400
+            found.append(("response_format", _schema_params(schema, strict)))
         so = self.structured_outputs
         if so is not None:
             kinds = {
@@ -218,12 +219,14 @@ class _SamplingFields(_Base):
         return found[0][1] if found else None
 
 
-def _schema_params(schema: dict[str, Any] | str | bool) -> StructuredOutputsParams:
+def _schema_params(
+    schema: dict[str, Any] | str | bool, strict: bool = False
+) -> StructuredOutputsParams:
     if schema is True:
         return StructuredOutputsParams(json=json.dumps(True))
     if schema is False:
         raise ValueError("the JSON schema `false` matches nothing")
-    return StructuredOutputsParams(json=schema)
+    return StructuredOutputsParams(json=schema, strict=strict)
 
 
 # Tried in this order, strictly (ids stay ids, strings strings): pydantic's default "smart"

@@ -217,16 +217,25 @@ class Serving:
 
 
 def finish_reason(reason: str | None) -> str | None:
-    """OpenAI's finish reasons: length, stop, abort (vLLM's, for an aborted request)."""
-    if reason is None or reason in ("length", "abort"):
+    """OpenAI's finish reasons: length, stop; abort and error are vLLM's (a request cut off;
+    an output that breaks its JSON schema where the grammar reached a dead end)."""
+    if reason is None or reason in ("length", "abort", "error"):
         return reason
     return "stop"
 
 
 def raise_if_aborted(reason: str | None) -> None:
     """The translated APIs (Responses, Messages) have no finish reason for a request the
-    server cut off (a drain): they answer 503, which their clients retry elsewhere."""
+    server cut off (a drain): they answer 503, which their clients retry elsewhere; nor
+    for an output that broke its schema (finish reason "error"): a 500 saying so."""
     if reason == "abort":
         raise APIError(
             "the server stopped this request (shutting down)", 503, "service_unavailable"
+        )
+    if reason == "error":
+        raise APIError(
+            "the model's output broke the JSON schema where the grammar could not steer it "
+            "(a run-time schema check found no valid way on); retry, or simplify the schema",
+            500,
+            "server_error",
         )

@@ -11,6 +11,7 @@ The chat path is also the engine room of the other conversational APIs (/v1/resp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -108,8 +109,12 @@ class ChatServing(Serving):
         """A finished sample's (thinking, answer)."""
         return ("", text) if self.reasoning is None else split_reasoning(self.reasoning(), text)
 
-    async def prepare(self, req: ChatCompletionRequest, rid: str | None = None) -> ChatJob:
-        """Check and tokenize a chat request; `rid` names it (default: a chatcmpl- id)."""
+    async def prepare(
+        self, req: ChatCompletionRequest, rid: str | None = None, budget_is_hint: bool = False
+    ) -> ChatJob:
+        """Check and tokenize a chat request; `rid` names it (default: a chatcmpl- id).
+        `budget_is_hint`: a max_thinking_tokens this server cannot keep is dropped rather
+        than refused (Anthropic clients send a budget whenever thinking is on)."""
         self.check_model(req.model)
         self.check_transfer(req)
         plan, ids = await self.render(req)
@@ -123,7 +128,7 @@ class ChatServing(Serving):
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
         params = self.sampling_params(req, max_tokens, top, len(ids))
         if (self.reasoning is not None and self.reasoning.needs_special_tokens) or (
-            plan.mode == "auto" and plan.in_prompt and plan.parser.needs_special_tokens
+            plan.in_prompt and plan.parser.needs_special_tokens
         ):
             params.skip_special_tokens = False  # their markers are special tokens
         forced = plan.constraint()
@@ -135,16 +140,16 @@ class ChatServing(Serving):
                     param="tool_choice",
                 )
             params.structured_outputs = forced
-        try:  # a reasoning model's constraint is for its answer, after the thinking
-            params.structured_outputs = thinking_bounds(
-                self.reasoning,
-                self.prompts.tokenizer,
-                ids,
-                params.structured_outputs,
-                req.max_thinking_tokens,
-            )
+        # A reasoning model's constraint is for its answer, after the thinking.
+        bound = functools.partial(
+            thinking_bounds, self.reasoning, self.prompts.tokenizer, ids, params.structured_outputs
+        )
+        try:
+            params.structured_outputs = bound(req.max_thinking_tokens)
         except ValueError as e:
-            raise APIError(str(e), param="max_thinking_tokens") from e
+            if not budget_is_hint:
+                raise APIError(str(e), param="max_thinking_tokens") from e
+            params.structured_outputs = bound(None)
         self.admission.check_size(params.n, [len(ids)])
         await self.check_structured(params, "tools" if forced is not None else None)
         rid = rid or random_id("chatcmpl")

@@ -54,7 +54,9 @@ class MessagesServing:
         self.chat = chat
 
     async def create(self, req: MessagesRequest):
-        job = await self.chat.prepare(_translate(req), rid=f"msg_{uuid.uuid4().hex}")
+        job = await self.chat.prepare(
+            _translate(req), rid=f"msg_{uuid.uuid4().hex}", budget_is_hint=True
+        )
         if req.stream:
             return self._stream(job)
         final = await self.chat.complete(job)

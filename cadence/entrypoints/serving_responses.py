@@ -243,8 +243,8 @@ class _Items:
 
     def feed(self, deltas: list[dict], logprobs: list[dict]):
         """One step's chat deltas. Logprobs are the output text's: they ride on the next
-        text delta (an empty one if the text is held back); a tool call's tokens have none
-        in this API, so a call that opens drops them."""
+        text delta (an empty one if the text is held back inside an open message); a tool
+        call's tokens have none in this API, so a call that opens drops them."""
         self.pending_lps += logprobs
         for delta in deltas:
             if delta.get("reasoning_content"):
@@ -255,7 +255,7 @@ class _Items:
             for call in delta.get("tool_calls", []):
                 self.pending_lps = []
                 yield from self.call(call)
-        if self.pending_lps and (self.open is None or self.open["type"] == "message"):
+        if self.pending_lps and self.open is not None and self.open["type"] == "message":
             yield from self.text("", self.pending_lps)
             self.pending_lps = []
 

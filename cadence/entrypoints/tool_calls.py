@@ -15,6 +15,7 @@ Hermes `<tool_call>` instructions, and earlier calls / results into the conversa
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from cadence.entrypoints.tool_parsers.hermes import OPEN as TOOL_CALL_OPEN
 from cadence.entrypoints.tool_parsers.hermes import HermesToolParser
 from cadence.entrypoints.tool_parsers.json_array import JsonArrayToolParser
 from cadence.sampling_params import StructuredOutputsParams
+from cadence.structured.grammar import normalize_schema, runtime_schema
+from cadence.structured.schema_rules import inline_refs
 
 logger = logging.getLogger("cadence.api")
 
@@ -84,11 +87,31 @@ class ToolPlan:
     def in_prompt(self) -> bool:
         return self.mode != "none" and bool(self.tools)
 
+    @functools.cached_property
+    def forced_in_format(self) -> bool:
+        """A forced call ("required" / "named") is written in the model's own format (its
+        parser then reads it), not as JSON: the format's markers are text a grammar can
+        write, and the grammar enforces every tool's arguments whole (no run-time checks,
+        which follow JSON only)."""
+        if self.mode not in ("required", "named") or self.parser.call_text("f") is None:
+            return False
+        return not any(
+            runtime_schema(StructuredOutputsParams(json=_parameters(t.function))) is not None
+            for t in self._forced_tools()
+        )
+
+    def _forced_tools(self) -> list[ChatTool]:
+        if self.mode == "named":
+            return [t for t in self.tools if t.function.name == self.function_name]
+        return self.tools
+
     def constraint(self) -> StructuredOutputsParams | None:
         """The grammar that forces a call ("required" / "named"), else None."""
+        if self.forced_in_format:
+            return StructuredOutputsParams(structural_tag=self._structural_tag())
         if self.mode == "named":
             fn = next(t.function for t in self.tools if t.function.name == self.function_name)
-            return StructuredOutputsParams(json=_parameters(fn))
+            return StructuredOutputsParams(json=_parameters(fn), strict=bool(fn.strict))
         if self.mode == "required":
             calls = [
                 {
@@ -108,8 +131,26 @@ class ToolPlan:
             }
             if not self.parallel:
                 schema["maxItems"] = 1
-            return StructuredOutputsParams(json=schema)
+            strict = any(t.function.strict for t in self.tools)
+            return StructuredOutputsParams(json=schema, strict=strict)
         return None
+
+    def _structural_tag(self) -> str:
+        """One or more calls (one: "named", or parallel_tool_calls false) in the format."""
+        tags = []
+        for t in self._forced_tools():
+            begin, end = self.parser.call_text(t.function.name)
+            schema = normalize_schema(inline_refs(_parameters(t.function)))
+            content = {"type": "json_schema", "json_schema": schema}
+            tags.append({"type": "tag", "begin": begin, "content": content, "end": end})
+        forced = {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": self.parser.call_separator,
+            "at_least_one": True,
+            "stop_after_first": self.mode == "named" or not self.parallel,
+        }
+        return json.dumps({"type": "structural_tag", "format": forced}, ensure_ascii=False)
 
 
 def _parameters(fn: FunctionDefinition) -> dict[str, Any]:
@@ -260,8 +301,10 @@ def message_from_output(plan: ToolPlan, text: str) -> tuple[dict, list[ToolCall]
     """The assistant message of a finished sample, and the calls in it."""
     calls: list[ToolCall] = []
     content: str | None = text
-    if plan.mode == "auto":
+    if plan.mode == "auto" or plan.forced_in_format:
         content, calls = parse_tool_calls(plan.new_parser(incremental=False), text)
+        if not calls and plan.mode == "named":  # cut short (max_tokens) inside the call
+            content, calls = None, [_cut_named_call(plan, text)]
     elif plan.mode == "required":
         calls = parse_required(text)
     elif plan.mode == "named":
@@ -275,6 +318,13 @@ def message_from_output(plan: ToolPlan, text: str) -> tuple[dict, list[ToolCall]
     return message, calls
 
 
+def _cut_named_call(plan: ToolPlan, text: str) -> ToolCall:
+    """A forced call in the model's format that ended before its arguments did: the
+    arguments written so far (what parses of them is the client's to take)."""
+    begin, _ = plan.parser.call_text(plan.function_name)
+    return ToolCall(plan.function_name, text[len(begin) :] if text.startswith(begin) else "")
+
+
 class ToolCallStream:
     """One streamed sample's deltas: content, or tool calls as OpenAI's `tool_calls` deltas
     (a call's first delta carries its id and name, the next ones more of its arguments)."""
@@ -282,13 +332,16 @@ class ToolCallStream:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan = plan
         self.parser: ToolParser | None = None
-        if plan.mode == "auto":
+        if plan.mode == "auto" or plan.forced_in_format:
             self.parser = plan.new_parser()
         elif plan.mode == "required":
             self.parser = JsonArrayToolParser()
         self.calls: list[ToolCall] = []  # so far, arguments included
+        self.text = ""  # all of it (a forced call cut short is read from it at the end)
+        self.blank = ""  # whitespace held back: only content if more content follows
 
     def feed(self, text: str) -> list[dict]:
+        self.text += text
         if self.parser is not None:
             return self._deltas(self.parser.feed(text))
         if self.plan.mode == "named":
@@ -302,13 +355,26 @@ class ToolCallStream:
         return [{"content": text}] if text else []
 
     def finish(self) -> list[dict]:
-        return self._deltas(self.parser.finish()) if self.parser is not None else []
+        if self.parser is None:
+            return []
+        pieces = self.parser.finish()
+        forced = self.plan.forced_in_format and self.plan.mode == "named"
+        if forced and not self.calls and not any(isinstance(p, ToolCallDelta) for p in pieces):
+            call = _cut_named_call(self.plan, self.text)  # (its text is no answer)
+            pieces = [ToolCallDelta(0, call.arguments, call.id, call.name)]
+        out = self._deltas(pieces)
+        if self.blank and not self.calls:
+            out.append({"content": self.blank})
+        return out
 
     def _deltas(self, pieces: list) -> list[dict]:
         out: list[dict] = []
         for p in pieces:
-            if isinstance(p, str):
-                out.append({"content": p})
+            if isinstance(p, str) and not p.strip():
+                self.blank += p  # (between calls, around them: not a message of its own)
+            elif isinstance(p, str):
+                out.append({"content": self.blank + p})
+                self.blank = ""
             elif p.index > 0 and not self.plan.parallel:
                 continue  # parallel_tool_calls false: the first call only
             elif p.index < len(self.calls):

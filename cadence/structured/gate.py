@@ -13,6 +13,7 @@ The core's loop calls these at fixed points and never looks inside a grammar.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import torch
@@ -22,6 +23,8 @@ from cadence.core.request import Request
 from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import GrammarVerdicts, SampledTokens
 from cadence.structured.manager import GrammarManager
+
+logger = logging.getLogger(__name__)
 
 
 class GrammarGate:
@@ -81,7 +84,7 @@ class GrammarGate:
         """Walk each constrained request's grammar over its new tokens (accepted drafts,
         then the sampled one); forced tokens may follow. Its next drafts are cut to what
         the grammar allows from there."""
-        verdicts = GrammarVerdicts(forced={}, done=set(), proposals={})
+        verdicts = GrammarVerdicts(forced={}, done=set(), proposals={}, violated=set())
         jump = jump and self.config.jump_forward
         manager = self.manager
         for rid, token in sampled.sampled.items():
@@ -98,6 +101,11 @@ class GrammarGate:
                 done, forced = manager.advance(rid, t, may_jump)
                 if done:
                     break
+            why = getattr(manager.matchers.get(rid), "violated", None)
+            if why:  # nothing valid can follow: end it here
+                logger.info("request %s ends without a valid output: %s", rid, why)
+                verdicts.violated.add(rid)
+                done = True
             if done:
                 verdicts.done.add(rid)
             elif forced:

@@ -11,19 +11,23 @@ Schemas are first normalized (normalize_schema: older drafts' tuple and exclusiv
 spellings, required names without a property). JSON schemas are compiled in xgrammar's strict mode (no properties or items the schema does
 not name), falling back to non-strict when strict mode cannot satisfy the schema (say, an
 array with minItems and no items schema). Keywords xgrammar would silently ignore are
-rewritten so that it enforces them, or refused (see schema_rules): a user who asked for
-uniqueItems should hear that it cannot be enforced, not receive an output that fails
-their validator.
+rewritten so that it enforces them (schema_rules); what no rewrite reaches (uniqueItems, a
+lookahead, `not` ...) is taken out of the grammar's copy (schema_relax) and checked at run
+time as values complete (checked.py: `runtime_schema` says when), or, with `strict`,
+refused: a user never receives, as a success, an output that fails their validator.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from typing import Any
 
 from cadence.sampling_params import StructuredOutputsParams
+from cadence.structured.ecma_regex import compile_pattern
 from cadence.structured.schema_refusals import overlapping_one_ofs, unenforced
+from cadence.structured.schema_relax import relax
 from cadence.structured.schema_rules import (
     SCHEMA_LISTS,
     SCHEMA_MAPS,
@@ -38,6 +42,7 @@ _KIND_NAMES = {
     "regex": "regex",
     "choice": "choice list",
     "grammar": "grammar",
+    "structural_tag": "structural tag",
 }
 
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\] \S+\.cc:\d+: (Check failed: \(.*?\) is false: )?")
@@ -181,15 +186,62 @@ def _schema_text(p: StructuredOutputsParams) -> str:
             f"a JSON schema must be an object (or true / false), got {type(schema).__name__}"
         )
     normalized = normalize_schema(inline_refs(schema))
-    problems = unenforced(normalized) + overlapping_one_ofs(schema)
-    problems += unsupported_patterns(normalized)
-    if problems:
+    problems = _problems(schema, normalized)
+    if problems and p.strict:
         raise ValueError(
-            "the JSON schema uses features structured outputs cannot enforce: "
+            "the JSON schema uses features structured outputs cannot enforce (strict): "
             + "; ".join(problems[:5])
             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
         )
+    if problems:  # the grammar takes the part it enforces; checks at run time do the rest
+        broken = [p for p in unsupported_patterns(normalized) if _not_a_regex(p)]
+        if broken:
+            raise ValueError(f"the JSON schema has a pattern that is no regex: {broken[0]}")
+        normalized = normalize_schema(relax(normalized, pattern_readable))
     return json.dumps(normalized)
+
+
+def _problems(schema: Any, normalized: Any) -> list[str]:
+    return unenforced(normalized) + overlapping_one_ofs(schema) + unsupported_patterns(normalized)
+
+
+def _not_a_regex(problem: str) -> bool:
+    """An unsupported_patterns entry for a pattern Python cannot compile either (a user's
+    mistake, not a feature xgrammar lacks)."""
+    m = re.match(r"pattern ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") at ", problem)
+    if m is None:
+        return False
+    import regex
+
+    try:
+        compile_pattern(ast.literal_eval(m.group(1)))
+    except (regex.error, ValueError, SyntaxError):
+        return True
+    return False
+
+
+def pattern_readable(pattern: str) -> bool:
+    """xgrammar reads `pattern` as JSON schema means it."""
+    import xgrammar as xgr
+
+    if _foreign_escape(pattern) is not None:
+        return False
+    try:
+        xgr.Grammar.from_regex(pattern)
+    except Exception:
+        return False
+    return True
+
+
+def runtime_schema(p: StructuredOutputsParams) -> Any | None:
+    """The user's schema when its grammar could not enforce all of it (not strict): values
+    are then checked against it as they complete. None when the grammar says it all."""
+    if p.kind != "json" or p.strict:
+        return None
+    schema = load_schema(p.json)
+    if not isinstance(schema, dict):
+        return None
+    return schema if _problems(schema, normalize_schema(inline_refs(schema))) else None
 
 
 def to_grammar(p: StructuredOutputsParams):
@@ -211,6 +263,8 @@ def to_grammar(p: StructuredOutputsParams):
             return xgr.Grammar.from_regex(p.regex)
         if kind == "choice":
             return xgr.Grammar.from_ebnf(choice_ebnf(p.choice))
+        if kind == "structural_tag":
+            return xgr.Grammar.from_structural_tag(p.structural_tag)
         return _parse_grammar(p.grammar)
     except ValueError:
         raise
@@ -245,9 +299,11 @@ def cache_key(p: StructuredOutputsParams) -> str:
         "regex": p.regex,
         "choice": p.choice,
         "grammar": p.grammar,
+        "structural_tag": p.structural_tag,
     }[kind]
     ws = (p.any_whitespace, p.max_whitespace) if kind in ("json", "json_object") else None
-    return json.dumps([kind, value, ws], sort_keys=True, ensure_ascii=False)
+    strict = p.strict if kind == "json" else None
+    return json.dumps([kind, value, ws, strict], sort_keys=True, ensure_ascii=False)
 
 
 def compile_grammar(compiler, p: StructuredOutputsParams):

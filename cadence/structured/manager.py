@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from cadence.sampling_params import StructuredOutputsParams
+from cadence.structured.checked import CheckedMatcher, SchemaChecks, VocabText
 from cadence.structured.compile_pool import CompileJob, CompilePool, CompilerBusy
-from cadence.structured.grammar import cache_key, compile_grammar
+from cadence.structured.grammar import cache_key, compile_grammar, runtime_schema
 from cadence.structured.thinking import ThinkingMatcher
 
 logger = logging.getLogger(__name__)
@@ -70,9 +71,11 @@ class GrammarManager:
         self.compile_timeout = compile_timeout
         self.stats = GrammarStats()
         self._compiler = None
+        self._vocab: VocabText | None = None  # each token's text, with the compiler
         self._compiler_lock = threading.Lock()
         self._pool = CompilePool(threads, compile_timeout, max_abandoned, setup=self._get_compiler)
-        self._cache: OrderedDict[str, object] = OrderedDict()  # key -> CompiledGrammar
+        # key -> (CompiledGrammar or None, SchemaChecks or None)
+        self._cache: OrderedDict[str, tuple] = OrderedDict()
         self._inflight: dict[str, CompileJob] = {}  # key -> compile in progress
         # Keys whose compile ran past the timeout (LRU, `cache_size` entries): refused at once.
         self._too_slow: OrderedDict[str, None] = OrderedDict()
@@ -99,13 +102,17 @@ class GrammarManager:
                 )
                 # Our own LRU cache sits in front; xgrammar's would grow without bound.
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+                self._vocab = VocabText(info.decoded_vocab, self.vocab_size)
                 logger.info("grammar vocabulary ready in %.2f s", time.perf_counter() - t0)
             return self._compiler
 
     def _compile(self, params: StructuredOutputsParams):
+        """((the compiled grammar, run-time checks or None), seconds)."""
         t0 = time.perf_counter()
         compiled = compile_grammar(self._get_compiler(), params)
-        return compiled, time.perf_counter() - t0
+        schema = runtime_schema(params)
+        checks = SchemaChecks(schema) if schema is not None else None
+        return (compiled, checks), time.perf_counter() - t0
 
     def _start(self, key: str, params: StructuredOutputsParams) -> None:
         self._inflight[key] = self._pool.submit(key, lambda: self._compile(params))
@@ -186,8 +193,10 @@ class GrammarManager:
                 failed.append((rid, errors[key]))
                 del self._waiting[rid]
             elif key in self._cache:
-                compiled = self._cache[key]
+                compiled, checks = self._cache[key]
                 matcher = None if compiled is None else xgr.GrammarMatcher(compiled)
+                if checks is not None:  # what the grammar could not say, checked as it comes
+                    matcher = CheckedMatcher(matcher, checks, self._vocab, self.stop_token_ids)
                 if params.thinking_end:  # the grammar applies after the thinking
                     matcher = ThinkingMatcher(
                         matcher,

@@ -38,7 +38,7 @@ def unenforced(schema: Any) -> list[str]:
     would ignore."""
     found: list[str] = []
     for path, s in subschemas(schema):
-        found += _unenforced_here(s, path)
+        found += unenforced_here(s, path)
     return found
 
 
@@ -56,7 +56,7 @@ def overlapping_one_ofs(schema: Any) -> list[str]:
     return found
 
 
-def _unenforced_here(s: dict, path: str) -> list[str]:
+def unenforced_here(s: dict, path: str) -> list[str]:
     found = [f"{what} ('{key}' at {path})" for key, what in IGNORED_KEYWORDS.items() if key in s]
     keys = set(s)
     multiple = s.get("multipleOf")

@@ -106,21 +106,28 @@ _JSON_TYPES = {
 }
 
 
+def subschemas_here(schema: dict) -> Iterator[tuple[str, Any]]:
+    """(keyword path, subschema) for the schemas directly inside `schema` (one level)."""
+    for key in SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                yield f"{key}/{name}", sub
+    for key in (*SCHEMA_LISTS, "items"):  # items: a draft 4-7 tuple
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                yield f"{key}/{i}", sub
+    for key in SCHEMA_VALUES:
+        if key in schema:
+            yield key, schema[key]
+
+
 def subschemas(schema: Any, path: str = "#") -> Iterator[tuple[str, dict]]:
     """(path, schema) for `schema` and every schema nested in it, depth first."""
     if not isinstance(schema, dict):
         return
     yield path, schema
-    for key in SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            for name, sub in schema[key].items():
-                yield from subschemas(sub, f"{path}/{key}/{name}")
-    for key in (*SCHEMA_LISTS, "items"):  # items: a draft 4-7 tuple
-        if isinstance(schema.get(key), list):
-            for i, sub in enumerate(schema[key]):
-                yield from subschemas(sub, f"{path}/{key}/{i}")
-    for key in SCHEMA_VALUES:
-        yield from subschemas(schema.get(key), f"{path}/{key}")
+    for where, sub in subschemas_here(schema):
+        yield from subschemas(sub, f"{path}/{where}")
 
 
 # ---- inlining references ---------------------------------------------------------------

@@ -42,6 +42,11 @@ class ThinkingMatcher:
         self.history: list[_State] = []
 
     @property
+    def violated(self) -> str | None:
+        """The answer's run-time schema checks found a dead end (structured/checked.py)."""
+        return getattr(self.inner, "violated", None)
+
+    @property
     def over_budget(self) -> bool:
         return self.budget is not None and self.thought >= self.budget
 

@@ -259,3 +259,32 @@ def test_schema_applies_after_the_thinking_and_a_budget_closes_it(llm, jump_forw
     assert sep and thinking  # (the free part: whatever the model thought)
     jsonschema.validate(json.loads(answer), person)
     assert out.finish_reason == "stop"
+
+
+def test_unique_items_are_kept_unique_as_they_are_written(llm):
+    """uniqueItems has no grammar: a repeat is refused where its item would complete, and
+    the model writes another item instead."""
+    schema = {
+        "type": "array",
+        "items": {"enum": ["red", "green", "blue", "black"]},
+        "uniqueItems": True,
+        "minItems": 4,
+        "maxItems": 4,
+    }
+    out = llm.chat(chat("List colours."), greedy(S(json=schema), max_tokens=40))[0].outputs[0]
+    items = json.loads(out.text)
+    assert out.finish_reason == "stop" and sorted(items) == ["black", "blue", "green", "red"]
+
+
+def test_an_impossible_schema_is_never_a_success(llm):
+    """Two unique items that must both be "a": the grammar leads into a dead end; the
+    request ends there, not passed off as a success (finish_reason "error")."""
+    schema = {"type": "array", "items": {"const": "a"}, "uniqueItems": True, "minItems": 2}
+    out = llm.chat(chat("Say a twice."), greedy(S(json=schema), max_tokens=20))[0].outputs[0]
+    assert out.text.startswith('["a", "a') and out.finish_reason == "error"
+
+
+def test_strict_refuses_what_no_grammar_enforces(llm):
+    schema = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    with pytest.raises(ValueError, match="strict"):
+        llm.generate(["x"], greedy(S(json=schema, strict=True)))

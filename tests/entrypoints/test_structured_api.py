@@ -183,7 +183,19 @@ def test_constrained_and_free_requests_together(client, model_name):
             "needs json_schema.schema",
         ),
         ({"guided_regex": "(ab"}, "parenthesis is not closed"),
-        ({"guided_json": {"type": "array", "uniqueItems": True}}, "cannot enforce: uniqueItems"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {"type": "array", "uniqueItems": True},
+                        "strict": True,
+                    },
+                }
+            },
+            "cannot enforce (strict): uniqueItems",
+        ),
         ({"structured_outputs": {"grammar": "root ::= nothing"}}, 'Rule "nothing" is not defined'),
         ({"guided_choice": []}, "non-empty list"),
         ({"guided_regex": "a", "guided_choice": ["a"]}, "one output constraint"),

@@ -14,6 +14,7 @@ from cadence.sampling_params import StructuredOutputsParams as S
 from cadence.structured.grammar import (
     cache_key,
     normalize_schema,
+    runtime_schema,
     to_grammar,
     unsupported_features,
 )
@@ -73,6 +74,7 @@ def test_schema_may_be_given_as_json_text():
         (S(json={"type": "foo"}), 'Unsupported type "foo"'),
         (S(json={"type": "object", "properties": {"x": {"$ref": "#/$defs/nope"}}}), "$defs"),
         (S(json={"type": "string", "pattern": "[a-"}), "Unclosed '['"),
+        (S(json={"type": "string", "pattern": "[a-"}), "no regex"),
         (S(regex="(ab"), "parenthesis is not closed"),
         (S(regex="a(?=b)"), "Lookahead is not supported"),
         (S(grammar="root ::= foo"), 'Rule "foo" is not defined'),
@@ -105,15 +107,18 @@ def test_keywords_that_cannot_be_enforced_are_refused_with_their_path():
         "negated schemas ('not' at #/properties/x)",
         "conditional schemas (if / then / else) ('if' at #/$defs/c)",
     ]
-    with pytest.raises(ValueError, match="cannot enforce: uniqueItems"):
-        to_grammar(S(json=schema))
+    with pytest.raises(ValueError, match=r"cannot enforce \(strict\): uniqueItems"):
+        to_grammar(S(json=schema, strict=True))
     with pytest.raises(ValueError, match="multipleOf on non-integer"):
-        to_grammar(S(json={"type": "number", "multipleOf": 0.5}))
+        to_grammar(S(json={"type": "number", "multipleOf": 0.5}, strict=True))
+    # Not strict: the grammar takes what it can, run-time checks the rest (test_checked.py).
+    assert runtime_schema(S(json=schema)) == schema
+    to_grammar(S(json=schema))
     to_grammar(S(json={"type": "integer", "multipleOf": 5}))  # this one is enforced
     a_string, a_short = {"a": {"type": "string"}}, {"a": {"maxLength": 2}}
     clash = {"allOf": [{"properties": a_string}, {"properties": a_short}]}
     with pytest.raises(ValueError, match="allOf with more than one"):
-        to_grammar(S(json=clash))
+        to_grammar(S(json=clash, strict=True))
     to_grammar(S(json={"allOf": [{"type": "object"}, {"required": ["a"]}]}))  # merged
 
 
@@ -174,11 +179,12 @@ def test_required_names_without_a_property_still_appear():
     assert schema["properties"] == {"a": {"type": "string"}}  # the caller's copy untouched
 
 
-def test_patterns_xgrammar_would_skip_are_refused_with_their_path():
+def test_patterns_xgrammar_would_skip_are_refused_with_their_path_when_strict():
     schema = {
         "type": "object",
         "properties": {"password": {"type": "string", "pattern": "^(?=.*[A-Z]).{8,}$"}},
     }
     with pytest.raises(ValueError, match=r"pattern '\^\(\?=.*' at #/properties/password/pattern"):
-        to_grammar(S(json=schema))
+        to_grammar(S(json=schema, strict=True))
+    assert runtime_schema(S(json=schema)) == schema  # else: checked as the string ends
     to_grammar(S(json={"type": "string", "pattern": "^[a-z]+@example\\.com$"}))

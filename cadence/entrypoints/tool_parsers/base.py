@@ -73,6 +73,15 @@ class ToolParser(ABC):
 
     needs_special_tokens = False
     make_id: Callable[[], str] = staticmethod(new_call_id)
+    call_separator = "\n"  # between two calls a grammar forces (see call_text)
+
+    @classmethod
+    def call_text(cls, name: str) -> tuple[str, str] | None:
+        """The text this format writes before and after a call's JSON arguments, for a
+        grammar that forces calls (tool_choice required / named) in the model's own
+        format. None: its markers are special tokens no grammar writes as text; forced
+        calls are then a JSON array (json_array.py)."""
+        return None
 
     def __init__(
         self, parameters: Mapping[str, dict] | None = None, incremental: bool = True

@@ -4,6 +4,8 @@ unclosed last block (output cut short) is a call when what came parses."""
 
 from __future__ import annotations
 
+import json
+
 from cadence.entrypoints.reasoning.base import partial_suffix
 from cadence.entrypoints.tool_parsers.base import Piece, ToolParser
 from cadence.entrypoints.tool_parsers.json_calls import JsonCallStream
@@ -12,6 +14,10 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesToolParser(ToolParser):
+    @classmethod
+    def call_text(cls, name: str) -> tuple[str, str]:
+        return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', f"}}\n{CLOSE}"
+
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.block: JsonCallStream | None = None  # inside <tool_call>

@@ -5,6 +5,8 @@ in it still starts calls); an object that is not a call, and all after it, is te
 
 from __future__ import annotations
 
+import json
+
 from cadence.entrypoints.tool_parsers.base import Piece, ToolParser
 from cadence.entrypoints.tool_parsers.json_calls import JsonCallStream
 
@@ -13,6 +15,11 @@ PYTHON_TAG = "<|python_tag|>"
 
 class Llama3JsonToolParser(ToolParser):
     needs_special_tokens = True  # <|python_tag|> is one
+    call_separator = "; "
+
+    @classmethod
+    def call_text(cls, name: str) -> tuple[str, str]:
+        return f'{{"name": {json.dumps(name)}, "parameters": ', "}"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
