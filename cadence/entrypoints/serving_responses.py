@@ -68,7 +68,12 @@ class ResponseStore:
 
 
 class ResponsesServing:
+    def __init__(self, chat: ChatServing, store: ResponseStore | None) -> None:
+        self.chat = chat
+        self.store = store
+
     def _usage(self, job: ChatJob, state: RequestState) -> dict:
+        """Responses' usage; reasoning_tokens counted by the chat path's parser."""
         prompt = len(job.prompt.token_ids)
         outputs = [s.output for s in state.samples]
         output = sum(len(o.token_ids) for o in outputs)
@@ -80,10 +85,6 @@ class ResponsesServing:
             "output_tokens_details": {"reasoning_tokens": thought},
             "total_tokens": prompt + output,
         }
-
-    def __init__(self, chat: ChatServing, store: ResponseStore | None) -> None:
-        self.chat = chat
-        self.store = store
 
     def _stored(self) -> ResponseStore:
         if self.store is None:
