@@ -254,6 +254,7 @@ class CheckedMatcher:
         self.tracker = JsonTracker()
         self.texts: list[str] = []  # accepted tokens' text, for rollback
         self.violated: str | None = None  # why, once a dead end let a bad value through
+        self._violated_at = 0  # tokens accepted when it was set (a rollback may undo it)
 
     def accept_token(self, token: int) -> bool:
         if not self.inner.accept_token(token):
@@ -264,6 +265,7 @@ class CheckedMatcher:
         for path, value, earlier in events:
             if self.violated is None and not self.checks.valid(path, value, earlier):
                 self.violated = f"the value at {_pointer(path)} breaks the schema"
+                self._violated_at = len(self.texts)
         return True
 
     def rollback(self, n: int) -> None:
@@ -271,6 +273,8 @@ class CheckedMatcher:
             return
         self.inner.rollback(n)
         del self.texts[-n:]
+        if self.violated is not None and self._violated_at > len(self.texts):
+            self.violated = None  # (a speculative draft broke it, and is gone)
         self.tracker = JsonTracker()
         self.tracker.feed("".join(self.texts))
 

@@ -126,3 +126,18 @@ def test_an_object_item_that_would_repeat_is_refused_before_its_forced_close(com
     text = '[{"k": "a"}, {"k": "a"}]'
     assert walk(checked_matcher(compiler, schema), text) == f"banned at {text.rindex('a') + 1}"
     assert walk(checked_matcher(compiler, schema), '[{"k": "a"}, {"k": "ab"}]') == "accepted"
+
+
+def test_a_draft_that_breaks_the_schema_is_forgotten_when_rolled_back(compiler):
+    """Speculative drafts are walked through the matcher and rolled back: a violation
+    they caused must not outlive them."""
+    schema = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    matcher = checked_matcher(compiler, schema)
+    for c in '["a", "a"':
+        assert matcher.accept_token(CHARS.index(c))
+    assert matcher.violated
+    matcher.rollback(2)  # back to '["a", "'
+    assert matcher.violated is None
+    for c in 'b"]':
+        assert matcher.accept_token(CHARS.index(c))
+    assert matcher.violated is None
