@@ -106,8 +106,9 @@ class ToolParser(ABC):
     # ---- helpers for subclasses ---------------------------------------------------------
 
     def text_until(self, marker: str) -> tuple[str, bool]:
-        """Read content from `pending` up to `marker` (which is consumed): (the text, whether
-        the marker came). Without it, all but what may be the marker's start is read."""
+        """Read from `pending` up to `marker` (which is consumed): (the text, whether the
+        marker came). Without it, all but what may be the marker's start is read. Content
+        up to a call's opener, or a call's body up to its closer."""
         at = self.pending.find(marker)
         if at < 0:
             keep = partial_suffix(self.pending, marker)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-from cadence.entrypoints.reasoning.base import partial_suffix
 from cadence.entrypoints.tool_parsers.base import Piece, ToolParser
 from cadence.entrypoints.tool_parsers.json_calls import JsonCallStream
 
@@ -33,16 +32,11 @@ class HermesToolParser(ToolParser):
                     break
                 self.block, self.raw = JsonCallStream(self), ""
                 continue
-            end = self.pending.find(CLOSE)
-            body = self.pending if end < 0 else self.pending[:end]
-            if end < 0:
-                body = body[: len(body) - partial_suffix(body, CLOSE)]
+            body, closed = self.text_until(CLOSE)
             out += self.block.feed(body)
             self.raw += body
-            self.pending = self.pending[len(body) :]
-            if end < 0:
+            if not closed:
                 break
-            self.pending = self.pending[len(CLOSE) :]
             out += self._end_block(CLOSE)
         return [p for p in out if p != ""]
 

@@ -19,7 +19,6 @@ import json
 import re
 from typing import Any
 
-from cadence.entrypoints.reasoning.base import partial_suffix
 from cadence.entrypoints.tool_parsers.base import Piece, ToolParser
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -48,16 +47,11 @@ class Qwen3CoderToolParser(ToolParser):
                     break
                 self.in_block, self.raw, self.name, self.args, self.body = True, "", None, {}, ""
                 continue
-            end = self.pending.find(CLOSE)
-            chunk = self.pending if end < 0 else self.pending[:end]
-            if end < 0:
-                chunk = chunk[: len(chunk) - partial_suffix(chunk, CLOSE)]
+            chunk, closed = self.text_until(CLOSE)
             self.raw += chunk
-            self.pending = self.pending[len(chunk) :]
             out += self._read(chunk)
-            if end < 0:
+            if not closed:
                 break
-            self.pending = self.pending[len(CLOSE) :]
             out += self._end_block(CLOSE)
         return [p for p in out if p != ""]
 
