@@ -164,6 +164,27 @@ class ParallelConfig:
     cpu_bind_threads: bool = True  # pin a served CPU engine's threads, one to a core
 
 
+@dataclass
+class LoRAConfig:
+    enable_lora: bool = False  # serve PEFT LoRA adapters over the base model
+    max_loras: int = 4  # adapters one step can mix (the slots their weights occupy)
+    max_lora_rank: int = 16  # the largest adapter rank accepted (slots are this wide)
+    max_cpu_loras: int | None = None  # adapters kept in CPU memory (none: max_loras)
+
+    def validate(self) -> None:
+        if self.max_loras < 1:
+            raise ValueError(f"max_loras must be positive, got {self.max_loras}")
+        if not 1 <= self.max_lora_rank <= 512:
+            raise ValueError(f"max_lora_rank must be in [1, 512], got {self.max_lora_rank}")
+        if self.max_cpu_loras is None:
+            self.max_cpu_loras = self.max_loras
+        if self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                f"({self.max_loras})"
+            )
+
+
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle3")
 QUANTIZATIONS = ("auto", "none", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -246,6 +267,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     structured: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     speculative: SpeculativeConfig | None = None  # set by --speculative-config
     device: str = "auto"  # auto | cpu | cuda
     attention_backend: str = "auto"  # auto (triton on CUDA, cpu on CPU) | torch | triton | cpu
@@ -377,6 +399,12 @@ class EngineConfig:
             )
         if self.model.quantization == "gguf" and p.tensor_parallel_size > 1:
             raise ValueError("GGUF weights kept quantized do not split over ranks: use TP 1")
+        self.lora.validate()
+        if self.lora.enable_lora and (self.speculative is not None or c.prefix_cache != "hash"):
+            raise ValueError(
+                "--enable-lora runs without speculative decoding and with the hash prefix "
+                "cache (--prefix-cache hash) for now"
+            )
         if self.speculative is not None:
             self.speculative.validate()
             if p.tensor_parallel_size > 1:
@@ -415,6 +443,7 @@ class EngineConfig:
             "scheduler": SchedulerConfig,
             "structured": StructuredOutputsConfig,
             "parallel": ParallelConfig,
+            "lora": LoRAConfig,
         }
         sub: dict[str, dict] = {k: {} for k in parts}
         top: dict = {}

@@ -25,6 +25,7 @@ import typing
 from cadence.config import (
     CacheConfig,
     EngineConfig,
+    LoRAConfig,
     ModelConfig,
     ParallelConfig,
     SchedulerConfig,
@@ -39,6 +40,7 @@ _SECTIONS: tuple[tuple[str, type], ...] = (
     ("scheduler", SchedulerConfig),
     ("structured", StructuredOutputsConfig),
     ("parallel", ParallelConfig),
+    ("lora", LoRAConfig),
     ("engine", EngineConfig),
 )
 
@@ -128,6 +130,7 @@ def add_engine_args(parser: argparse.ArgumentParser, positional_model: bool = Tr
         "scheduler": parser.add_argument_group("scheduler"),
         "structured": parser.add_argument_group("structured outputs"),
         "parallel": parser.add_argument_group("parallelism"),
+        "lora": parser.add_argument_group("LoRA adapters"),
         "engine": parser.add_argument_group("engine"),
     }
     if positional_model:

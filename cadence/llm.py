@@ -16,6 +16,7 @@ from cadence.config import EngineConfig
 from cadence.embeddings import check_dimensions, embedding_params, finish_embedding
 from cadence.engine.core import EngineCore
 from cadence.engine.output_processor import OutputProcessor, sample_params
+from cadence.lora_request import LoRARequest
 from cadence.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from cadence.sampling_params import SamplingParams
 from cadence.structured.grammar import to_grammar
@@ -54,9 +55,12 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate for one prompt or many. A prompt is text, a list of token ids, or
-        {"prompt": ...} / {"prompt_token_ids": ...}. Returns outputs in prompt order."""
+        {"prompt": ...} / {"prompt_token_ids": ...}. Returns outputs in prompt order.
+        `lora_request`: the adapter every prompt runs with, or one per prompt (None: the
+        base model); needs LLM(..., enable_lora=True)."""
         if self.engine.pooling is not None:
             raise ValueError("this is an embedding model (--runner pooling): use LLM.embed")
         prompt_list = self._as_prompt_list(prompts)
@@ -70,6 +74,7 @@ class LLM:
                 raise ValueError(
                     f"{len(params_list)} sampling params for {len(prompt_list)} prompts"
                 )
+        loras = _per_prompt(lora_request, len(prompt_list))
         # Validate and tokenize everything first: a bad prompt adds nothing.
         prepared = []
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
@@ -78,11 +83,13 @@ class LLM:
             params.verify(self.engine.vocab_size)
             if params.structured_outputs is not None:
                 to_grammar(params.structured_outputs)  # a bad schema raises here, adds nothing
-            prepared.append((text, ids, params, priority[i] if priority else 0))
+            if loras[i] is not None:
+                self.engine.runner.check_lora(loras[i])  # a bad adapter adds nothing
+            prepared.append((text, ids, params, priority[i] if priority else 0, loras[i]))
         request_ids = []
         try:
-            for text, ids, params, prio in prepared:
-                request_ids.append(self._add(text, ids, params, prio))
+            for text, ids, params, prio, lora in prepared:
+                request_ids.append(self._add(text, ids, params, prio, lora))
         except Exception:
             for rid in request_ids:
                 self.engine.abort(self.output_processor.abort(rid))
@@ -132,6 +139,7 @@ class LLM:
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template to one conversation or many, then generate."""
         if self.tokenizer is None:
@@ -145,7 +153,7 @@ class LLM:
             }
             for c in convs
         ]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def apply_chat_template(
         self,
@@ -194,14 +202,16 @@ class LLM:
             f"a prompt must be text or a list of token ids, got {type(prompt).__name__}"
         )
 
-    def _add(self, text, ids, params: SamplingParams, priority: int) -> str:
+    def _add(
+        self, text, ids, params: SamplingParams, priority: int, lora: LoRARequest | None = None
+    ) -> str:
         rid = str(next(self._ids))
         now = time.time()
         sample_ids = self.output_processor.add_request(rid, text, ids, params, now)
         added = []
         try:
             for sid, child in zip(sample_ids, sample_params(params)):
-                self.engine.add_request(sid, ids, child, now, priority)
+                self.engine.add_request(sid, ids, child, now, priority, lora)
                 added.append(sid)
         except Exception:
             self.output_processor.abort(rid)
@@ -252,3 +262,12 @@ def _copy(params: SamplingParams) -> SamplingParams:
     import copy
 
     return copy.deepcopy(params)
+
+
+def _per_prompt(lora_request, n: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise ValueError(f"{len(loras)} LoRA requests for {n} prompts")
+    return loras

@@ -200,6 +200,26 @@ class ServerMetrics:
             labels,
             registry=r,
         )
+        adapter = ["model_name", "lora_name"]
+        self.lora_running = Gauge(
+            "cadence:lora_requests_running",
+            "Sequences running, per LoRA adapter",
+            adapter,
+            registry=r,
+        )
+        self.lora_waiting = Gauge(
+            "cadence:lora_requests_waiting",
+            "Sequences waiting, per LoRA adapter",
+            adapter,
+            registry=r,
+        )
+        self.lora_slot_loads = Counter(
+            "cadence:lora_slot_loads",
+            "LoRA adapters written into a GPU slot (an adapter swapped in)",
+            labels,
+            registry=r,
+        )
+        self._lora_names: set[str] = set()  # adapters with a series (set to 0 when idle)
         self.queue_time = Histogram(
             "cadence:request_queue_time_seconds",
             "Arrival to first scheduled",
@@ -227,6 +247,7 @@ class ServerMetrics:
             "kv_transfer_failed_loads": self.kv_failed_loads,
             "kv_transfer_load_seconds": self.kv_load_seconds,
             "kv_transfer_saved_tokens": self.kv_saved_tokens,
+            "lora_slot_loads": self.lora_slot_loads,
         }
         self._last_per_pos: list[int] = []
         self._last_lengths: list[int] = []
@@ -263,6 +284,7 @@ class ServerMetrics:
             new = getattr(stats, name)
             self._l(counter).inc(max(0, new - self._last_engine[name]))
             self._last_engine[name] = new
+        self._update_lora(stats.lora_running, stats.lora_waiting)
         per_pos = stats.spec_accepted_per_position
         for i, total in enumerate(per_pos):
             before = self._last_per_pos[i] if i < len(self._last_per_pos) else 0
@@ -274,6 +296,12 @@ class ServerMetrics:
             for _ in range(max(0, total - before)):  # the engine sends running counts
                 self._l(self.spec_acceptance_length).observe(n)
         self._last_lengths = list(lengths)
+
+    def _update_lora(self, running: dict[str, int], waiting: dict[str, int]) -> None:
+        self._lora_names |= running.keys() | waiting.keys()
+        for name in self._lora_names:
+            self.lora_running.labels(self.model_name, name).set(running.get(name, 0))
+            self.lora_waiting.labels(self.model_name, name).set(waiting.get(name, 0))
 
     # RequestObserver
     def on_first_token(self, ttft: float, queue_time: float | None, num_prompt_tokens: int) -> None:

@@ -107,6 +107,14 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         "qwen3_coder, deepseek_v3, openai (GPT-OSS), or auto (default: from the chat "
         "template; Hermes when the template does not know tools)",
     )
+    s.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=[],
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT folders) served by name, with --enable-lora: NAME=PATH, "
+        'or a JSON object {"name": ..., "path": ..., "base_model_name": ...}',
+    )
     add_door_args(parser, serve=True)
 
 
@@ -134,6 +142,14 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_parser_factory(args.tool_call_parser)
     except ValueError as e:
         args.parser.error(f"--tool-call-parser: {e}")
+    from cadence.entrypoints.lora_adapters import LoRAModule
+
+    try:
+        lora_modules = tuple(LoRAModule.parse(m) for m in args.lora_modules)
+    except ValueError as e:
+        args.parser.error(str(e))
+    if lora_modules and not kwargs.get("enable_lora"):
+        args.parser.error("--lora-modules needs --enable-lora")
     if args.data_parallel_size > 1 and args.responses_store_size:
         # (each replica would keep its own: a follow-up routed elsewhere would not find it)
         args.parser.error("--responses-store-size keeps responses in one server: not with -dp")
@@ -164,6 +180,7 @@ def run_serve(args: argparse.Namespace) -> int:
         responses_store_size=args.responses_store_size,
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
+        lora_modules=lora_modules,
     )
     app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)

@@ -1,7 +1,9 @@
 """vLLM's bet: the prefix cache as a map from chained block hashes to blocks.
 
 Block hashes chain: hash(block i) = sha256(hash(block i-1) || token ids of block i || extra),
-so one hash names a whole prefix, and equal hashes mean equal prefixes. A request's hashes
+so one hash names a whole prefix, and equal hashes mean equal prefixes. A request of a
+LoRA adapter chains from its adapter's own root instead of NONE_HASH: adapters' K/V
+differ, so their prefixes never meet (nor the base model's). A request's hashes
 are computed as its tokens arrive (`Request.block_hashes`, by `make_block_hasher`).
 
 A freed block stays in the pool's free queue and keeps its hash: a hit revives it, and
@@ -40,12 +42,19 @@ def group_key(block_hash: bytes, group: int) -> bytes:
     return block_hash if group == 0 else block_hash + bytes((group,))
 
 
+def root_of(request: Request) -> bytes | None:
+    """What a request's first block chains from (None: NONE_HASH, the base model's)."""
+    if request.lora is None:
+        return None
+    return hashlib.sha256(request.lora.cache_namespace).digest()
+
+
 def make_block_hasher(block_size: int, extra: bytes = b""):
     """Returns f(request) -> hashes of the request's full blocks not yet hashed."""
 
     def hasher(request: Request) -> list[bytes]:
         done = len(request.block_hashes)
-        parent = request.block_hashes[-1] if done else None
+        parent = request.block_hashes[-1] if done else root_of(request)
         new: list[bytes] = []
         start = done * block_size
         tokens = request.all_token_ids

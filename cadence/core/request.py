@@ -19,6 +19,7 @@ import enum
 import time
 from collections.abc import Callable
 
+from cadence.lora_request import LoRARequest
 from cadence.sampling_params import SamplingParams
 
 
@@ -54,8 +55,10 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         block_hasher: Callable[[Request], list[bytes]] | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
         self.request_id = request_id
+        self.lora = lora  # the adapter it runs with (None: the base model)
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids

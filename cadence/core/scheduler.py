@@ -35,6 +35,7 @@ from collections.abc import Iterable
 
 from cadence.config import SchedulerConfig
 from cadence.core.kv_cache import KVCacheManager
+from cadence.core.lora_slots import LoRASlots
 from cadence.core.policies import make_policy
 from cadence.core.remote_prefill import NoRemotePrefills, RemotePrefills
 from cadence.core.request import FINISH_REASONS, Request, RequestStatus
@@ -60,11 +61,13 @@ class Scheduler:
         kv_manager: KVCacheManager,
         num_lookahead_tokens: int = 0,
         remote: RemotePrefills | NoRemotePrefills | None = None,
+        num_lora_slots: int = 0,
     ) -> None:
         """`num_lookahead_tokens`: KV slots each request gets past its scheduled tokens
         (speculative decoding: where the proposer writes its guesses' K/V); 0: none and no
         speculation. `remote`: disaggregated serving's side of the scheduler
-        (remote_prefill.py); None: an engine that serves alone."""
+        (remote_prefill.py); None: an engine that serves alone. `num_lora_slots`: the
+        worker's adapter slots (0: no LoRA)."""
         self.config = config
         self.kv = kv_manager
         self.num_lookahead_tokens = num_lookahead_tokens
@@ -78,6 +81,7 @@ class Scheduler:
         self.policy = make_policy(config.scheduling_policy, config.scheduling_aging_steps)
         self.step_count = 0
         self.remote = remote if remote is not None else NoRemotePrefills()
+        self.loras = LoRASlots(num_lora_slots) if num_lora_slots else None
 
     # ---- queue management -------------------------------------------------------------
 
@@ -166,12 +170,21 @@ class Scheduler:
             i += 1
 
         # 2. Waiting requests, FCFS. None if this step had to preempt: memory is short.
+        # One whose adapter finds no free slot steps aside for those behind it.
+        no_slot: list[Request] = []
+        if self.loras is not None:
+            self.loras.begin_step(self.running)
         while self.waiting and budget > 0 and not preempted:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self.waiting[0]
             if req.num_placeholders:
                 break  # preempted while its last token was in flight: wait for that token
+            if self.loras is not None and not self.loras.admit(
+                req, self.step_count, out.lora_loads
+            ):
+                no_slot.append(self.waiting.popleft())
+                continue
             hits, num_hit_tokens = [], 0
             if req.num_computed_tokens == 0:
                 hits, num_hit_tokens = self.kv.get_computed_blocks(req)
@@ -221,8 +234,10 @@ class Scheduler:
                         first_ids,
                         req.num_computed_tokens,
                         group_block_ids=later_ids,
+                        lora=req.lora,
                     )
                 )
+        self.waiting.extendleft(reversed(no_slot))
 
         for rid, (first_ids, *later_ids) in new_blocks.items():
             req = self.requests[rid]
@@ -446,4 +461,5 @@ class Scheduler:
             prefix_evictions=self.kv.num_evictions,
             spec=self.spec_stats,
             kv_transfer=self.remote.stats,
+            lora=self.loras.stats(self.running, self.waiting) if self.loras else None,
         )

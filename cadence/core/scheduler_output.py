@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from cadence.core.request import Request
+from cadence.lora_request import LoRALoad, LoRARequest
 from cadence.sampling_params import SamplingParams
 
 
@@ -30,6 +31,7 @@ class NewRequestData:
     # The block ids of the KV groups after the first, as block_ids holds the first's (a
     # model with interleaved local and global layers; empty with one group).
     group_block_ids: list[list[int]] = field(default_factory=list)
+    lora: LoRARequest | None = None  # the adapter it runs with (None: the base model)
 
 
 @dataclass
@@ -60,6 +62,8 @@ class SchedulerOutput:
     num_decode_tokens: int = 0
     preempted_ids: list[str] = field(default_factory=list)
     finished_ids: list[str] = field(default_factory=list)  # since the last step
+    # adapters the worker writes into slots before this step (LoRA)
+    lora_loads: list[LoRALoad] = field(default_factory=list)
     # The Request each scheduled id named. With async scheduling a request can finish while
     # a later step that includes it is in flight, and its id can be reused by then: update()
     # must not hand that step's token to the newcomer.
@@ -148,6 +152,14 @@ class SchedulerStats:
     prefix_evictions: int = 0  # cached blocks reused for other data, since start
     spec: SpecDecodeStats | None = None  # speculative decoding, when on
     kv_transfer: KVTransferStats | None = None  # disaggregated serving (--kv-role), when on
+    lora: LoRAStats | None = None  # LoRA adapters (--enable-lora), when on
+
+
+@dataclass
+class LoRAStats:
+    running: dict[str, int] = field(default_factory=dict)  # adapter name -> sequences
+    waiting: dict[str, int] = field(default_factory=dict)
+    slot_loads: int = 0  # adapters written into a slot, since start
 
 
 @dataclass

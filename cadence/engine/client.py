@@ -46,6 +46,7 @@ from cadence.engine.output_processor import (
     RequestState,
     sample_params,
 )
+from cadence.lora_request import LoRARequest
 from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -198,8 +199,10 @@ class AsyncEngineClient:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> AsyncIterator[RequestState]:
         """Yield the request's state each time it changes, until every sample finished.
+        `lora`: the adapter it runs with (None: the base model).
 
         If the caller stops early (a hang-up cancels it), the request is aborted in the core.
         """
@@ -216,7 +219,7 @@ class AsyncEngineClient:
         finished = False
         try:
             for sid, child in zip(ids, sample_params(params)):
-                req = P.EngineCoreRequest(sid, prompt_token_ids, child, now, priority)
+                req = P.EngineCoreRequest(sid, prompt_token_ids, child, now, priority, lora)
                 await self._send_to_core([P.ADD, P.encoder.encode(req)])
             while True:
                 await stream.event.wait()

@@ -35,6 +35,7 @@ from cadence.engine.request_checks import RequestChecks
 from cadence.executor import make_executor
 from cadence.kv_transfer import make_connector
 from cadence.kv_transfer.params import prefill_addrs
+from cadence.lora_request import LoRARequest
 from cadence.platform import device_type
 from cadence.sampling_params import SamplingParams
 from cadence.structured.gate import GrammarGate
@@ -89,7 +90,10 @@ class EngineCore:
         # --kv-role); the scheduler's side of it is built with the scheduler.
         self.kv_connector = make_connector(config, self.runner.kv_caches)
         remote = RemotePrefills(self.kv_connector, self.kv) if self.kv_connector.role else None
-        self.scheduler = Scheduler(config.scheduler, self.kv, config.num_lookahead_tokens, remote)
+        lora_slots = config.lora.max_loras if config.lora.enable_lora else 0
+        self.scheduler = Scheduler(
+            config.scheduler, self.kv, config.num_lookahead_tokens, remote, lora_slots
+        )
         self._hasher = self.kv.block_hasher
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
@@ -136,9 +140,13 @@ class EngineCore:
         params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora: LoRARequest | None = None,
     ) -> Request:
-        """Validate and queue one sequence. Raises ValueError naming the problem."""
+        """Validate and queue one sequence (of the base model, or of adapter `lora`).
+        Raises ValueError naming the problem."""
         self.checks.check(prompt_token_ids, params)
+        if lora is not None:
+            self.runner.check_lora(lora)
         req = Request(
             request_id,
             prompt_token_ids,
@@ -147,6 +155,7 @@ class EngineCore:
             arrival_time,
             priority,
             self._hasher,
+            lora,
         )
         if params.structured_outputs is not None:
             if request_id in self.scheduler.requests or request_id in self.gate.awaiting:
@@ -224,6 +233,8 @@ class EngineCore:
         self._stale_in_runner = [rid for rid in self.runner.request_ids() if rid not in known]
         if not self.kv.reset_prefix_cache():
             raise RuntimeError("KV blocks are still held after ending the failed step's requests")
+        if self.scheduler.loras is not None:
+            self.scheduler.loras.forget()  # (the step may have half-written a slot)
         logger.warning(
             "step failed: ended %d request(s); %d still queued", len(victims), len(known)
         )

@@ -306,6 +306,7 @@ class EngineLoop:
                         req.sampling_params,
                         req.arrival_time,
                         req.priority,
+                        req.lora,
                     )
                 except ValueError as e:
                     self.errors.append((req.request_id, str(e)))
@@ -360,6 +361,10 @@ class EngineLoop:
             stats.kv_transfer_failed_loads = t.num_failed_loads
             stats.kv_transfer_load_seconds = t.load_seconds
             stats.kv_transfer_saved_tokens = t.num_saved_tokens
+        if s.lora is not None:
+            stats.lora_running = s.lora.running
+            stats.lora_waiting = s.lora.waiting
+            stats.lora_slot_loads = s.lora.slot_loads
         if s.spec is not None:
             stats.spec_verifications = s.spec.num_verifications
             stats.spec_draft_tokens = s.spec.num_draft_tokens

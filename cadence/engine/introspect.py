@@ -3,6 +3,8 @@
     steps          the step timeline: phase times and batch composition of recent steps
     requests       the requests the core holds: state, tokens, cache hits, age
     start_profile  start torch.profiler in this process
+    check_lora     whether this engine can run an adapter folder (a ValueError naming why
+                   not: the API server's 400)
     stop_profile   stop it; answered once the trace is written (a writer thread writes
                    it while the engine keeps stepping: `finished_replies()` hands the
                    loop answers that came later)
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING
 from cadence.core.request import RequestStatus
 from cadence.engine import protocol as P
 from cadence.engine.profiler import EngineProfiler, ProfilerError
+from cadence.lora_request import LoRARequest
 
 if TYPE_CHECKING:
     from cadence.core.request import Request
@@ -44,6 +47,7 @@ class Introspection:
             "requests": self.requests,
             "start_profile": self.profiler.start,
             "stop_profile": self.profiler.stop,
+            "check_lora": self.check_lora,
         }
         self._later: queue.SimpleQueue[P.EngineCallReply] = queue.SimpleQueue()
 
@@ -66,6 +70,10 @@ class Introspection:
         while not self._later.empty():
             out.append(self._later.get_nowait())
         return out
+
+    def check_lora(self, name: str, id: int, path: str) -> dict:
+        self.core.runner.check_lora(LoRARequest(str(name), int(id), str(path)))
+        return {"ok": True}
 
     def steps(self, since: int = 0, limit: int | None = None) -> dict:
         timeline = self.core.timeline

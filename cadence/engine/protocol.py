@@ -20,6 +20,7 @@ import msgspec
 
 from cadence.config import PoolingSpec
 from cadence.core.scheduler_output import RequestUpdate
+from cadence.lora_request import LoRARequest
 from cadence.sampling_params import SamplingParams
 
 ADD = b"add"
@@ -36,6 +37,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     sampling_params: SamplingParams
     arrival_time: float
     priority: int = 0
+    lora: LoRARequest | None = None  # the adapter it runs with (None: the base model)
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -68,6 +70,10 @@ class EngineStats(msgspec.Struct, array_like=True):
     kv_transfer_failed_loads: int = 0
     kv_transfer_load_seconds: float = 0.0
     kv_transfer_saved_tokens: int = 0
+    # LoRA (LoRAStats): sequences per adapter name, and slot loads (cumulative)
+    lora_running: dict[str, int] = {}
+    lora_waiting: dict[str, int] = {}
+    lora_slot_loads: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

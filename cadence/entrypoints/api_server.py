@@ -30,6 +30,7 @@ from cadence.entrypoints.admission import Admission
 from cadence.entrypoints.engine_view import install_engine_view
 from cadence.entrypoints.errors import APIError, install_error_handlers
 from cadence.entrypoints.guards import Guard
+from cadence.entrypoints.lora_adapters import LoRAAdapters, LoRAModule, install_lora_routes
 from cadence.entrypoints.messages_protocol import CountTokensRequest, MessagesRequest
 from cadence.entrypoints.openai_protocol import (
     ChatCompletionRequest,
@@ -75,6 +76,7 @@ class ServerOptions:
     responses_store_size: int = 0  # /v1/responses kept for previous_response_id (0: none)
     reasoning_parser: str | None = None  # thinking apart from the answer (entrypoints/reasoning)
     tool_call_parser: str = "auto"  # the format tool calls are read in (entrypoints/tool_parsers)
+    lora_modules: tuple[LoRAModule, ...] = ()  # adapters served by name from the start
 
 
 def create_app(config: EngineConfig, options: ServerOptions | None = None) -> FastAPI:
@@ -106,7 +108,10 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         )
         prompts = await asyncio.to_thread(PromptBuilder, tokenizer, ready.max_model_len)
         transfers = TransferAuthority(config.kv_transfer_secret)
-        shared = (client, prompts, name, ready.max_model_len, admission, transfers)
+        adapters = LoRAAdapters(client, name)
+        for module in opts.lora_modules:  # (a bad folder stops the start, naming why)
+            await adapters.load(module.name, module.path, module.base_model_name)
+        shared = (client, prompts, name, ready.max_model_len, admission, transfers, adapters)
         reasoning = opts.reasoning_parser
         chat = ChatServing(
             *shared,
@@ -120,6 +125,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             name=name,
             prompts=prompts,
             admission=admission,
+            adapters=adapters,
             completions=CompletionServing(*shared),
             embeddings=EmbeddingServing(*shared),
             chat=chat,
@@ -188,6 +194,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
     state["drain"] = drain
     install_web_ui(app)
     install_engine_view(app, state)
+    install_lora_routes(app, state)
 
     # ---- routes -----------------------------------------------------------------------
 
@@ -252,7 +259,8 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
                     "owned_by": "cadence",
                     "root": state["ready"].model_path,
                     "max_model_len": state["ready"].max_model_len,
-                }
+                },
+                *state["adapters"].cards(state["ready"].max_model_len),
             ],
         }
 
@@ -277,6 +285,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             "speculative_config": None
             if config.speculative is None
             else dataclasses.asdict(config.speculative),
+            "lora": {"max_loras": config.lora.max_loras, "max_lora_rank": config.lora.max_lora_rank}
+            if config.lora.enable_lora
+            else None,
             "kv_transfer": None
             if config.kv_role is None
             else {"role": config.kv_role, "addr": state["ready"].kv_transfer_addr},

@@ -8,7 +8,7 @@ In order, before any route runs:
   3. the keys: with `--api-key`, every path but /health, the web app's page and assets
      (/, /ui/...), and /metrics with `--metrics-public` needs `Authorization: Bearer KEY`
      (or Anthropic clients' `x-api-key: KEY`), compared in constant time (the admin key
-     is taken too). The admin paths (the profiler) need the admin key (`--admin-api-key`;
+     is taken too). The admin paths (the profiler, loading LoRA adapters) need the admin key (`--admin-api-key`;
      without one, the API key). Whether the caller holds the admin key is left in
      `scope["state"]["admin"]` for the routes;
   4. the body: a declared Content-Length over the limit is a 413 before a byte is read;
@@ -36,7 +36,9 @@ Scope = dict
 Message = dict
 
 PUBLIC_PATHS = frozenset({"/health"})
-ADMIN_PATHS = frozenset({"/start_profile", "/stop_profile"})
+ADMIN_PATHS = frozenset(
+    {"/start_profile", "/stop_profile", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+)
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 
 

@@ -15,10 +15,12 @@ from cadence.engine.output_processor import RequestState
 from cadence.entrypoints.admission import Admission
 from cadence.entrypoints.errors import APIError
 from cadence.entrypoints.logprobs_format import LogprobsFormatter
+from cadence.entrypoints.lora_adapters import LoRAAdapters
 from cadence.entrypoints.openai_protocol import ChatCompletionRequest, UsageInfo
 from cadence.entrypoints.prompts import PromptBuilder
 from cadence.entrypoints.streaming import sse
 from cadence.kv_transfer.params import TransferAuthority
+from cadence.lora_request import LoRARequest
 from cadence.sampling_params import SamplingParams
 from cadence.structured.grammar import to_grammar
 
@@ -32,6 +34,7 @@ GRAMMAR_PARSE_TIMEOUT_S = 10.0
 class Prompt:
     text: str | None
     token_ids: list[int]
+    lora: LoRARequest | None = None  # the adapter the request named (None: the base model)
 
 
 class Serving:
@@ -45,7 +48,9 @@ class Serving:
         max_model_len: int,
         admission: Admission,
         transfers: TransferAuthority,
+        adapters: LoRAAdapters | None = None,
     ) -> None:
+        """`adapters`: the LoRA adapters served by name (None: the base model only)."""
         self.client = client
         self.prompts = prompts
         self.tokenizer = prompts.tokenizer
@@ -53,11 +58,15 @@ class Serving:
         self.max_model_len = max_model_len
         self.admission = admission
         self.transfers = transfers
+        self.adapters = adapters
         self.logprobs = LogprobsFormatter(self.tokenizer)
 
     # ---- checks -----------------------------------------------------------------------
 
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter `model` names (None: the base model); a 404 for an unknown name."""
+        if self.adapters is not None:
+            return self.adapters.resolve(model)
         if model is not None and model != self.model_name:
             raise APIError(
                 f"The model `{model}` does not exist. Serving: `{self.model_name}`.",
@@ -66,6 +75,11 @@ class Serving:
                 "model",
                 "model_not_found",
             )
+        return None
+
+    def served_name(self, prompt: Prompt) -> str:
+        """What a response's `model` says: the adapter the request named, or the base."""
+        return prompt.lora.lora_name if prompt.lora is not None else self.model_name
 
     def check_transfer(self, req, num_prompts: int = 1) -> None:
         """A request's kv_transfer_params is the router's, signed (kv_transfer/params.py):
@@ -167,7 +181,7 @@ class Serving:
         """The request's states as tokens arrive; `started()` once its first token came
         (the admission ticket's prompt tokens are no longer queued)."""
         async for state in self.client.generate(
-            rid, prompt.text, prompt.token_ids, params, priority
+            rid, prompt.text, prompt.token_ids, params, priority, prompt.lora
         ):
             started()
             yield state
@@ -202,13 +216,21 @@ class Serving:
             prompt_tokens_details={"cached_tokens": cached},
         ).model_dump(exclude_none=True)
 
-    def chunk(self, rid: str, obj: str, created: int, choices: list, usage: dict | None) -> str:
-        """One SSE event of a stream."""
+    def chunk(
+        self,
+        rid: str,
+        obj: str,
+        created: int,
+        choices: list,
+        usage: dict | None,
+        model: str | None = None,
+    ) -> str:
+        """One SSE event of a stream (`model`: the name it answers as; None: the base)."""
         body = {
             "id": rid,
             "object": obj,
             "created": created,
-            "model": self.model_name,
+            "model": model or self.model_name,
             "choices": choices,
         }
         if usage is not None:

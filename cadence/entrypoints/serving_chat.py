@@ -115,7 +115,7 @@ class ChatServing(Serving):
         """Check and tokenize a chat request; `rid` names it (default: a chatcmpl- id).
         `budget_is_hint`: a max_thinking_tokens this server cannot keep is dropped rather
         than refused (Anthropic clients send a budget whenever thinking is on)."""
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         self.check_transfer(req)
         plan, ids = await self.render(req)
         max_tokens = (
@@ -153,7 +153,7 @@ class ChatServing(Serving):
         self.admission.check_size(params.n, [len(ids)])
         await self.check_structured(params, "tools" if forced is not None else None)
         rid = rid or random_id("chatcmpl")
-        return ChatJob(rid, now(), Prompt(None, ids), params, plan, top, req.priority)
+        return ChatJob(rid, now(), Prompt(None, ids, lora), params, plan, top, req.priority)
 
     async def render(self, req: ChatCompletionRequest) -> tuple[ToolPlan, list[int]]:
         """The request's tool plan, and its conversation through the template as ids."""
@@ -240,7 +240,7 @@ class ChatServing(Serving):
             "id": job.rid,
             "object": "chat.completion",
             "created": job.created,
-            "model": self.model_name,
+            "model": self.served_name(job.prompt),
             "choices": choices,
             "usage": self.usage([job.prompt], [final]),
         }
@@ -260,7 +260,14 @@ class ChatServing(Serving):
         def chunk(choices, usage=None):
             if continuous and usage is None:
                 usage = self.usage([job.prompt], [state])
-            return self.chunk(job.rid, "chat.completion.chunk", job.created, choices, usage)
+            return self.chunk(
+                job.rid,
+                "chat.completion.chunk",
+                job.created,
+                choices,
+                usage,
+                self.served_name(job.prompt),
+            )
 
         for i in range(job.params.n):
             role = {"role": "assistant", "content": ""}

@@ -51,7 +51,7 @@ class CompletionServing(Serving):
         return params
 
     async def completions(self, req: CompletionRequest):
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         p = req.prompt
         single = isinstance(p, str) or all(isinstance(x, int) for x in p) or len(p) == 1
         self.check_transfer(req, 1 if single else len(p))
@@ -65,6 +65,8 @@ class CompletionServing(Serving):
             if req.stream and req.best_of > req.n:
                 raise APIError("best_of > n cannot be streamed", param="best_of")
         prompts = await self.prompts_of(req)
+        for prompt in prompts:
+            prompt.lora = lora
         params = [self._request_params(req, p) for p in prompts]
         num_seqs = sum(p.n for p in params)
         self.admission.check_size(num_seqs, [len(p.token_ids) for p in prompts])
@@ -120,7 +122,7 @@ class CompletionServing(Serving):
             "id": base_id,
             "object": "text_completion",
             "created": created,
-            "model": self.model_name,
+            "model": self.served_name(prompts[0]),
             "choices": choices,
             "usage": self.usage(prompts, states),
         }
@@ -146,6 +148,7 @@ class CompletionServing(Serving):
         include_usage = bool(stream_options and stream_options.include_usage)
         continuous = bool(stream_options and stream_options.continuous_usage_stats)
         cursors = [StreamCursor(self.client.output_processor, p.n) for p in params]
+        model = self.served_name(prompts[0])
         echoed = [[not req.echo] * p.n for p in params]
         finals: list = [None] * len(prompts)
         runs = [
@@ -176,7 +179,9 @@ class CompletionServing(Serving):
                     "stop_reason": out.stop_reason if finished else None,
                 }
                 usage = self.usage(prompts, finals) if continuous else None
-                yield self.chunk(base_id, "text_completion", created, [choice], usage)
+                yield self.chunk(base_id, "text_completion", created, [choice], usage, model)
         if include_usage:
-            yield self.chunk(base_id, "text_completion", created, [], self.usage(prompts, finals))
+            yield self.chunk(
+                base_id, "text_completion", created, [], self.usage(prompts, finals), model
+            )
         yield DONE

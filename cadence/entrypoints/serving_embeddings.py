@@ -21,7 +21,7 @@ from cadence.entrypoints.serving import Prompt, Serving, raise_if_aborted
 
 class EmbeddingServing(Serving):
     async def embed(self, req: EmbeddingRequest) -> dict:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
         spec = self.client.ready.pooling
         if spec is None:
             raise APIError(
@@ -35,6 +35,8 @@ class EmbeddingServing(Serving):
         except ValueError as e:
             raise APIError(str(e), param="dimensions") from None
         prompts = await self._prompts(req)
+        for prompt in prompts:
+            prompt.lora = lora
         lengths = [len(p.token_ids) for p in prompts]
         window = max(1, min(len(prompts), self.admission.max_seqs_in_flight // 2))
         rid = random_id("embd")
@@ -79,7 +81,7 @@ class EmbeddingServing(Serving):
             "id": rid,
             "object": "list",
             "data": data,
-            "model": self.model_name,
+            "model": self.served_name(prompts[0]),
             "usage": {"prompt_tokens": total, "total_tokens": total},
         }
 

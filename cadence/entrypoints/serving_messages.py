@@ -100,7 +100,7 @@ class MessagesServing:
             "id": job.rid,
             "type": "message",
             "role": "assistant",
-            "model": self.chat.model_name,
+            "model": self.chat.served_name(job.prompt),
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,

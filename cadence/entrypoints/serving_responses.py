@@ -178,7 +178,7 @@ class ResponsesServing:
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,
             "metadata": req.metadata or {},
-            "model": self.chat.model_name,
+            "model": self.chat.served_name(job.prompt),
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id,

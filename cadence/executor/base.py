@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from cadence.config import EngineConfig, PoolingSpec
 from cadence.core.scheduler_output import SampledTokens, SchedulerOutput
+from cadence.lora_request import LoRARequest
 from cadence.worker.drafter import DrafterFactory
 
 if TYPE_CHECKING:
@@ -70,6 +71,13 @@ class Executor(ABC):
     def pooling(self) -> PoolingSpec | None:
         """An embedding model's pooling (--runner pooling); None: a generative model."""
         return self.driver.pooling
+
+    def check_lora(self, lora: LoRARequest) -> None:
+        """Refuse (ValueError) an adapter this engine cannot run: LoRA is off, or the
+        folder does not fit the model (every rank's model is the same)."""
+        if self.driver.lora is None:
+            raise ValueError("this engine serves no LoRA adapters (start it with --enable-lora)")
+        self.driver.lora.check_request(lora)
 
     @property
     def kv_group_windows(self) -> tuple[int | None, ...]:

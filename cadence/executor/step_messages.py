@@ -15,6 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from cadence.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from cadence.lora_request import LoRALoad
 
 
 class StepWire(msgspec.Struct, array_like=True):
@@ -29,6 +30,7 @@ class StepWire(msgspec.Struct, array_like=True):
     num_decode_tokens: int
     preempted_ids: list[str]
     finished_ids: list[str]
+    lora_loads: list[LoRALoad]
 
 
 # Every SchedulerOutput field travels but `requests` (tested: the two lists stay in step).

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from cadence.config import EngineConfig
+from cadence.core.scheduler_output import SampledTokens
 from cadence.worker.batch_inputs import StepLayout
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.step_state import ModelOutput, RequestState
@@ -103,3 +104,30 @@ class Drafter(ABC):
 
 
 DrafterFactory = Callable[[TargetView], Drafter]
+
+
+def verify_and_propose(
+    drafter: Drafter,
+    model_out: ModelOutput,
+    grammar_bitmask: torch.Tensor | None,
+    requests: dict[str, RequestState],
+) -> SampledTokens:
+    """A speculative step's sampling: the drafter judges the step's drafts, the accepted
+    tokens join their requests' states, then the drafter proposes the next drafts."""
+    result = SampledTokens()
+    accepted: dict[str, int] = {}
+    if model_out.sample_ids:
+        states = [requests[rid] for rid in model_out.sample_ids]
+        verdicts = drafter.verify(model_out, grammar_bitmask, states)
+        for rid, st, verdict in zip(model_out.sample_ids, states, verdicts):
+            st.token_ids.extend(verdict.tokens)
+            result.sampled[rid] = verdict.tokens[-1]
+            if verdict.num_accepted:
+                result.accepted_drafts[rid] = verdict.tokens[:-1]
+            if verdict.logprobs is not None:
+                result.logprobs[rid] = verdict.logprobs
+            accepted[rid] = verdict.num_accepted
+            if st.prompt_lp is not None and not st.prompt_lp.sent:
+                result.prompt_logprobs[rid] = st.prompt_lp.take()
+    result.proposals.update(drafter.propose(model_out, accepted, requests))
+    return result

@@ -32,13 +32,14 @@ from cadence.loader.loader import (
 )
 from cadence.loader.model_path import resolve_model_path
 from cadence.loader.pooling_config import resolve_pooling
+from cadence.lora.manager import LoRAManager
 from cadence.platform import pick_device
 from cadence.worker import prompt_logprobs
 from cadence.worker.backends import make_attention_backend
 from cadence.worker.batch_inputs import eager_inputs, layout
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
-from cadence.worker.drafter import Drafter, DrafterFactory, TargetView
+from cadence.worker.drafter import Drafter, DrafterFactory, TargetView, verify_and_propose
 from cadence.worker.kv_groups import runner_kv_groups
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import num_kv_blocks
@@ -100,6 +101,7 @@ class ModelRunner:
             mc.quantization,
             config.parallel.enable_expert_parallel,
         )
+        self.lora = LoRAManager.for_runner(self.model, config, self.dtype, self.device)
         if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
             enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)
         # The pool's element type: the model's, or e4m3 (--kv-cache-dtype fp8).
@@ -237,6 +239,9 @@ class ModelRunner:
     # ---- one step ---------------------------------------------------------------------
 
     def _apply_deltas(self, sched: SchedulerOutput) -> None:
+        if self.lora is not None:
+            new = [(n.request_id, n.lora) for n in sched.new_requests]
+            self.lora.follow(new, sched.finished_ids, sched.lora_loads)
         for rid in sched.finished_ids:
             st = self.requests.pop(rid, None)
             if st is not None:
@@ -326,6 +331,8 @@ class ModelRunner:
                 sample_rows.extend(range(len(input_ids) - len(spec) - 1, len(input_ids)))
                 drafts.append(spec)
 
+        if self.lora is not None:  # which tokens read which adapter slot
+            self.lora.plan(list(sched.num_scheduled_tokens), query_lens)
         dev, bs = self.device, self.block_size
         num_reqs, num_tokens = len(rows), len(input_ids)
         lay = layout(rows, starts, query_lens, self.tables, bs, self.group_tables)
@@ -401,31 +408,8 @@ class ModelRunner:
         With speculative decoding this verifies the drafts (rejection sampling), appends the
         accepted tokens and proposes the next drafts: a synchronous step."""
         if self.drafter is not None:
-            return self._verify_and_propose(model_out, grammar_bitmask)
+            return verify_and_propose(self.drafter, model_out, grammar_bitmask, self.requests)
         return self.resolve(self.sample_async(model_out, grammar_bitmask))
-
-    def _verify_and_propose(
-        self, model_out: ModelOutput, grammar_bitmask: torch.Tensor | None
-    ) -> SampledTokens:
-        """The drafter judges this step's drafts; the runner appends what it accepted,
-        then asks for the next drafts."""
-        result = SampledTokens()
-        accepted: dict[str, int] = {}
-        if model_out.sample_ids:
-            states = [self.requests[rid] for rid in model_out.sample_ids]
-            verdicts = self.drafter.verify(model_out, grammar_bitmask, states)
-            for rid, st, verdict in zip(model_out.sample_ids, states, verdicts):
-                st.token_ids.extend(verdict.tokens)
-                result.sampled[rid] = verdict.tokens[-1]
-                if verdict.num_accepted:
-                    result.accepted_drafts[rid] = verdict.tokens[:-1]
-                if verdict.logprobs is not None:
-                    result.logprobs[rid] = verdict.logprobs
-                accepted[rid] = verdict.num_accepted
-                if st.prompt_lp is not None and not st.prompt_lp.sent:
-                    result.prompt_logprobs[rid] = st.prompt_lp.take()
-        result.proposals.update(self.drafter.propose(model_out, accepted, self.requests))
-        return result
 
     @torch.inference_mode()
     def sample_async(

@@ -33,6 +33,7 @@ def make_scheduler(
     prefix_cache: str = "hash",
     policy: str = "fcfs",
     aging_steps: int = 200,
+    lora_slots: int = 0,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, enable_caching, prefix_cache)
     config = SchedulerConfig(
@@ -42,7 +43,7 @@ def make_scheduler(
         scheduling_policy=policy,
         scheduling_aging_steps=aging_steps,
     )
-    return Scheduler(config, kv)
+    return Scheduler(config, kv, num_lora_slots=lora_slots)
 
 
 def make_request(
