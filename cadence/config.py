@@ -400,10 +400,12 @@ class EngineConfig:
         if self.model.quantization == "gguf" and p.tensor_parallel_size > 1:
             raise ValueError("GGUF weights kept quantized do not split over ranks: use TP 1")
         self.lora.validate()
-        if self.lora.enable_lora and (self.speculative is not None or c.prefix_cache != "hash"):
+        if self.lora.enable_lora and (
+            self.speculative is not None or c.prefix_cache != "hash" or self.kv_role
+        ):
             raise ValueError(
-                "--enable-lora runs without speculative decoding and with the hash prefix "
-                "cache (--prefix-cache hash) for now"
+                "--enable-lora runs without speculative decoding, without --kv-role and with "
+                "the hash prefix cache (--prefix-cache hash) for now"
             )
         if self.speculative is not None:
             self.speculative.validate()

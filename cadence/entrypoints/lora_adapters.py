@@ -74,6 +74,7 @@ class LoRAAdapters:
         self.base_name = base_name
         self.by_name: dict[str, tuple[LoRARequest, str, int]] = {}  # -> (req, parent, created)
         self._ids = itertools.count(1)
+        self._loading: set[str] = set()  # names whose folder the engine is checking
 
     def resolve(self, model: str | None) -> LoRARequest | None:
         """The adapter a request's `model` names; None for the base model (or no name)."""
@@ -92,23 +93,20 @@ class LoRAAdapters:
         return entry[0]
 
     async def load(self, name: str, path: str, parent: str | None = None) -> LoRARequest:
+        """Check a folder in the engine and serve it as `name`; `parent`: what /v1/models
+        names its base model (--lora-modules' base_model_name; default the served name)."""
         if not _NAME.fullmatch(name):
             raise APIError(
                 f"{name!r} is not a usable adapter name (letters, digits and ._:/@+-, up to "
                 "256 characters)",
                 param="lora_name",
             )
-        if name == self.base_name or name in self.by_name:
+        if name == self.base_name or name in self.by_name or name in self._loading:
             raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
         if not isinstance(path, str) or not path or "\x00" in path:
             raise APIError("lora_path must name a folder", param="lora_path")
-        if parent not in (None, self.base_name):
-            raise APIError(
-                f"adapter {name!r} is for base model {parent!r}; this server serves "
-                f"{self.base_name!r}",
-                param="base_model_name",
-            )
         lora = LoRARequest(name, next(self._ids), os.path.realpath(path))
+        self._loading.add(name)  # (a second load of the name while this one waits: a 400)
         try:
             await self.client.call(
                 "check_lora", name=lora.lora_name, id=lora.lora_int_id, path=lora.lora_path
@@ -121,7 +119,9 @@ class LoRAAdapters:
                 503,
                 "service_unavailable",
             ) from None
-        self.by_name[name] = (lora, self.base_name, int(time.time()))
+        finally:
+            self._loading.discard(name)
+        self.by_name[name] = (lora, parent or self.base_name, int(time.time()))
         return lora
 
     def unload(self, name: str) -> None:

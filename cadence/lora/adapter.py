@@ -153,15 +153,22 @@ def _spec(path: str, config: dict, shapes: dict[str, tuple], max_rank: int) -> A
     return AdapterSpec(path, max(r for r, _ in modules.values()), modules)
 
 
+_REGEX = re.compile(r"[\\^$*+?{}\[\]|()]")
+
+
 def _pattern(patterns: dict | None, name: str, default):
-    """PEFT's per-module override: the value of the first key that names the module, as
-    a suffix (`q_proj`, `layers.3.self_attn.q_proj`) or as a regex matching its end."""
+    """PEFT's per-module override: the value of the first key that names the module
+    (`name`: layers.{i}.{module}) by a dotted suffix (`q_proj`, `self_attn.q_proj`,
+    `model.layers.3.self_attn.q_proj`). A key that is a regular expression is refused
+    (a pattern the engine would not match as PEFT does must not scale silently wrong, and
+    a file's regex is never run)."""
     for key, value in (patterns or {}).items():
-        if name == key or name.endswith("." + key):
+        if not isinstance(key, str) or _REGEX.search(key):
+            raise AdapterError(
+                f"rank_pattern / alpha_pattern key {key!r}: only module names are supported, "
+                "not regular expressions"
+            )
+        bare = key.removeprefix("base_model.model.").removeprefix("model.")
+        if name == bare or name.endswith("." + bare):
             return value
-        try:
-            if re.match(rf"(.*\.)?{key}$", name):
-                return value
-        except re.error:
-            continue
     return default

@@ -76,9 +76,11 @@ class LoRABatch:
         tiles[:, 0] = -1
         i = 0
         for slot in np.flatnonzero(counts):
-            for start in range(seg[slot], seg[slot + 1], BLOCK_M):
-                tiles[i] = (slot, start, min(start + BLOCK_M, seg[slot + 1]))
-                i += 1
+            starts = np.arange(seg[slot], seg[slot + 1], BLOCK_M)
+            part = tiles[i : i + len(starts)]
+            part[:, 0], part[:, 1] = slot, starts
+            part[:, 2] = np.minimum(starts + BLOCK_M, seg[slot + 1])
+            i += len(starts)
         both = torch.from_numpy(np.concatenate([tiles.ravel(), order]).astype(np.int32))
         if self.on_gpu:
             both = both.pin_memory().to(self.device, non_blocking=True)

@@ -46,7 +46,6 @@ class LoRAManager:
         self.layers = wrap_model(
             model, config.max_loras, config.max_lora_rank, self.batch, dtype, device
         )
-        self.num_layers = len(model.layers)
         self.slot_of: dict[int, int] = {}  # adapter id -> its slot
         # adapter id -> every projection's slot image (LoRAWeights.image), LRU
         self.cpu: OrderedDict[int, dict[tuple[int, str], tuple]] = OrderedDict()

@@ -108,19 +108,16 @@ class LoRALinearMethod:
         return getattr(self.base, name)
 
 
-# Our projections and how PEFT names what they hold: module path inside a decoder layer
-# -> (our module path, part index; None: all parts, split by rows).
 def peft_targets(model: nn.Module) -> dict[str, tuple[str, int | None]]:
-    """PEFT's module names (inside a layer) -> where they land in `model`'s layers."""
+    """PEFT's module names inside a decoder layer (`self_attn.q_proj`) -> (our module
+    path, part index; None: every part, B's rows split among them) in `model`'s layers:
+    the model's `fused_names` say which of ours fuse which of PEFT's, its
+    `prefused_names` which a checkpoint (and so PEFT) already holds fused."""
     targets: dict[str, tuple[str, int | None]] = {}
-    fused = getattr(model, "fused_names", {})
-    prefused = getattr(model, "prefused_names", frozenset())
+    fused, prefused = model.fused_names, model.prefused_names
     layer = model.layers[0]
     for block in ("self_attn", "mlp"):
-        owner = getattr(layer, block, None)
-        if owner is None:
-            continue
-        for name, module in owner.named_children():
+        for name, module in getattr(layer, block).named_children():
             if not isinstance(module, ColumnParallelLinear | RowParallelLinear):
                 continue
             ours = f"{block}.{name}"

@@ -71,6 +71,7 @@ def test_scales(tmp_path):
         ({"r": 4}, {f"{PREFIX}.0.self_attn.q_proj.lora_A.weight": torch.randn(4, 8)}, "lacks its lora_A or lora_B"),
         ({"r": 4}, {**pair(0, "self_attn.q_proj", 4), f"{PREFIX}.0.self_attn.q_proj.lora_B.weight": torch.randn(8, 3)}, "do not pair"),
         ({"r": 8}, pair(0, "self_attn.q_proj", 4), "its config says 8"),
+        ({"r": 4, "alpha_pattern": {".*q_proj": 2}}, pair(0, "self_attn.q_proj", 4), "not regular expressions"),
     ],
 )  # fmt: skip
 def test_refusals_name_why(tmp_path, config, tensors, why):

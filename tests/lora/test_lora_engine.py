@@ -180,7 +180,7 @@ def test_an_adapter_for_another_model_is_refused(tiny_model_dir, lora_dir):
     from cadence.lora.manager import LoRAManager
 
     manager: LoRAManager = llm.engine.runner.driver.lora
-    manager.num_layers = 1  # as if the model had one layer: layer 1 fits nothing
+    # as if the model had one layer: layer 1 fits nothing
     manager.layers = {k: v for k, v in manager.layers.items() if k[0] == 0}
     with pytest.raises(ValueError, match="layer 1 self_attn.q_proj is not a projection"):
         llm.generate(

@@ -35,7 +35,7 @@ def setup(tmp_path_factory):
             "--max-lora-rank", "8", "--api-key", USER, "--admin-api-key", ADMIN,
             "--kv-cache-memory", str(64 * 2**20), "--served-model-name", "tiny",
             "--lora-modules", f"qv8={adapters['qv8']}",
-            f'{{"name": "mlp4", "path": "{adapters["mlp4"]}", "base_model_name": "tiny"}}',
+            f'{{"name": "mlp4", "path": "{adapters["mlp4"]}", "base_model_name": "org/tiny-base"}}',
         ]
     )  # fmt: skip
     try:
@@ -66,6 +66,7 @@ def test_models_lists_adapters_with_their_parent(setup):
     models = {m.id: m for m in client(srv).models.list().data}
     assert set(models) == {"tiny", "qv8", "mlp4"}
     assert models["qv8"].parent == "tiny" and models["qv8"].root == adapters["qv8"]
+    assert models["mlp4"].parent == "org/tiny-base"  # as --lora-modules' JSON names it
     assert getattr(models["tiny"], "parent", None) is None
 
 
@@ -144,3 +145,34 @@ def test_a_bad_adapter_at_start_stops_the_server(setup, tmp_path):
         assert srv.proc.wait(120) != 0
     finally:
         srv.stop()
+
+
+def test_the_web_chat_picks_an_adapter(setup):
+    """The web UI lists the adapters beside the base model; the chat asks the one picked."""
+    import shutil
+
+    srv, _, _ = setup
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Debian's chromium for the web UI test (make test installs it)")
+        pytest.skip("Debian's chromium is not installed (`make test` installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+        browser = pw.chromium.launch(executable_path=chromium, args=args)
+        page = browser.new_page()
+        page.goto(srv.url + "/")
+        page.wait_for_selector("#api-key-dialog[open]", timeout=10_000)
+        page.fill("#api-key-input", USER)
+        page.click("#api-key-save")
+        pick = page.wait_for_selector("#model-pick", timeout=20_000)
+        options = [o.inner_text() for o in pick.query_selector_all("option")]
+        assert options == ["tiny", "qv8 (LoRA)", "mlp4 (LoRA)"]
+        page.select_option("#model-pick", "qv8")
+        page.fill("#max-tokens", "4")
+        page.fill("#chat-input", "hi")
+        page.press("#chat-input", "Enter")
+        page.wait_for_selector(".msg.assistant .meta", timeout=60_000)
+        assert page.inner_text(".msg.assistant .role") == "qv8"
+        browser.close()

@@ -89,9 +89,25 @@ const Cadence = (() => {
       const models = await json("/v1/models");
       Cadence.model = models.data[0].id;
       document.getElementById("model-name").textContent = Cadence.model;
+      if (models.data.length > 1) pickModel(models.data);
     } catch (e) {
       document.getElementById("model-name").textContent = "(" + e.message + ")";
     }
+  }
+
+  // LoRA adapters (served beside the base model): the chat asks the one picked here.
+  function pickModel(cards) {
+    const pick = document.createElement("select");
+    pick.id = "model-pick";
+    pick.title = "the model the chat asks: the base, or a LoRA adapter over it";
+    for (const card of cards) {
+      const opt = document.createElement("option");
+      opt.value = card.id;
+      opt.textContent = card.parent ? card.id + " (LoRA)" : card.id;
+      pick.appendChild(opt);
+    }
+    pick.addEventListener("change", () => { Cadence.model = pick.value; });
+    document.getElementById("model-name").after(pick);
   }
 
   function fmt(n, digits = 0) {
