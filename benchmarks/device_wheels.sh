@@ -8,7 +8,7 @@
 set -euo pipefail
 ../shared/tools/device-wheels
 pins=()
-for p in apache-tvm-ffi opentelemetry-api annotated-doc httpx2 httpcore2 truststore click h11; do
+for p in apache-tvm-ffi opentelemetry-api annotated-doc httpx2 httpcore2 truststore click h11 httptools; do
   v=$(.venv/bin/pip show "$p" 2>/dev/null | awk '/^Version:/{print $2}')
   [ -n "$v" ] && pins+=("$p==$v")
 done

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cadence.core.scheduler_output import RequestUpdate
+from cadence.engine.detokenizer import Detokenizer, make_detokenizer
 from cadence.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-# Prompt tokens decoded ahead of the output, so a word-initial space survives the cut.
-_PREFIX_TOKENS = 5
 
 
 def child_id(request_id: str, index: int, n: int) -> str:
@@ -49,54 +47,6 @@ def sample_params(params: SamplingParams) -> list[SamplingParams]:
     return out
 
 
-class IncrementalDetokenizer:
-    """Decodes a growing list of token ids into text, emitting only complete characters.
-
-    Tokens up to `read_offset` have been emitted as text; the ones after it are pending (they
-    end inside a character: a byte-level tokenizer spells an emoji in several tokens)."""
-
-    # A UTF-8 character is at most 4 bytes: the most byte tokens that can end inside one.
-    _MAX_PARTIAL_TOKENS = 4
-
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special = skip_special_tokens
-        self.tokens = list(prompt_token_ids[-_PREFIX_TOKENS:])
-        self.prefix_offset = 0
-        self.read_offset = len(self.tokens)
-
-    def _decode(self, end: int) -> str:
-        ids = self.tokens[self.prefix_offset : end]
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special)
-
-    def push(self, new_ids: list[int]) -> str:
-        """The text the new tokens complete. A step may bring several tokens (speculation):
-        the longest run of them that ends on a whole character is emitted, the rest waits."""
-        if self.tokenizer is None:
-            return ""
-        self.tokens.extend(new_ids)
-        lowest = max(self.read_offset, len(self.tokens) - self._MAX_PARTIAL_TOKENS)
-        return self._read(range(len(self.tokens), lowest, -1), whole_chars=True)
-
-    def flush(self) -> str:
-        """At the end: the pending tokens' text, as a whole decode would show it (a
-        character cut off by max_tokens reads as U+FFFD)."""
-        if self.tokenizer is None or self.read_offset == len(self.tokens):
-            return ""
-        return self._read([len(self.tokens)], whole_chars=False)
-
-    def _read(self, ends, whole_chars: bool) -> str:
-        """Emit the text up to the first of `ends` (token offsets) that adds some, and with
-        `whole_chars` ends on a whole character; "" (nothing read) if none does."""
-        before = self._decode(self.read_offset)
-        for end in ends:
-            after = self._decode(end)
-            if len(after) > len(before) and not (whole_chars and after.endswith("\ufffd")):
-                self.prefix_offset, self.read_offset = self.read_offset, end
-                return after[len(before) :]
-        return ""
-
-
 def _spoken(up: RequestUpdate, include_stop: bool) -> int:
     """How many of the update's tokens have text: all but the stop token (EOS or one of
     stop_token_ids) that ended the sample, unless include_stop_str_in_output (as vLLM;
@@ -111,7 +61,7 @@ def _spoken(up: RequestUpdate, include_stop: bool) -> int:
 @dataclass
 class SampleState:
     output: CompletionOutput
-    detok: IncrementalDetokenizer
+    detok: Detokenizer
     emitted_len: int = 0  # characters of output.text already streamed
 
 
@@ -195,9 +145,7 @@ class OutputProcessor:
                     logprobs=[] if params.logprobs is not None else None,
                     cumulative_logprob=0.0 if params.logprobs is not None else None,
                 ),
-                IncrementalDetokenizer(
-                    self.tokenizer, prompt_token_ids, params.skip_special_tokens
-                ),
+                make_detokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens),
             )
             for i in range(params.n)
         ]

@@ -13,9 +13,9 @@ StreamCursor, merge, sse                building blocks of the streaming endpoin
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Callable
 
+import msgspec
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -30,14 +30,23 @@ from cadence.entrypoints.errors import (
 DONE = "data: [DONE]\n\n"
 
 
+_encode = msgspec.json.Encoder().encode
+
+
+def _json(body: dict) -> str:
+    """Compact JSON, UTF-8 as is, by msgspec (a tenth of json.dumps's time: an event per
+    token per stream). A non-finite float, which JSON cannot spell, is null."""
+    return _encode(body).decode()
+
+
 def sse(body: dict) -> str:
     """One server-sent event."""
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+    return f"data: {_json(body)}\n\n"
 
 
 def sse_event(name: str, body: dict) -> str:
     """One server-sent event with an event name (the Responses and Messages APIs)."""
-    return f"event: {name}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
+    return f"event: {name}\ndata: {_json(body)}\n\n"
 
 
 def chat_error_events(err: APIError) -> str:
