@@ -51,10 +51,6 @@ class Adapter:
     spec: AdapterSpec
     modules: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, float]]
 
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b, _ in self.modules.values())
-
 
 def inspect_adapter(path: str, max_rank: int) -> AdapterSpec:
     """Check an adapter folder from its config and the safetensors header (no tensor is

@@ -18,13 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-BLOCK_M = 16  # tokens per tile (cadence/ops/lora_kernels.py's BLOCK_M)
-
-
-def max_tiles(num_tokens: int, num_slots: int) -> int:
-    """Tiles a plan of `num_tokens` tokens can need: each slot's run may end in a
-    partial tile (the kernels' grid, lora_kernels.max_tiles)."""
-    return -(-num_tokens // BLOCK_M) + min(num_slots, num_tokens)
+from cadence.ops.lora_tiles import BLOCK_M, max_tiles
 
 
 class LoRABatch:

@@ -36,8 +36,7 @@ class LoRAWeights:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        self.column = isinstance(layer, ColumnParallelLinear)
-        if self.column:
+        if isinstance(layer, ColumnParallelLinear):
             self.parts = [
                 (off, s.start, s.count, s.rows) for off, s in zip(layer.offsets, layer.shards)
             ]

@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 16  # tokens per program (tl.dot's smallest tile)
+from cadence.ops.lora_tiles import BLOCK_M, max_tiles
+
 BLOCK_K = 64
 BLOCK_N = 128
 
@@ -130,12 +131,6 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def max_tiles(num_tokens: int, num_slots: int) -> int:
-    """Tiles a plan of `num_tokens` tokens over `num_slots` slots can need: every slot's
-    run may end in a partial tile."""
-    return _cdiv(num_tokens, BLOCK_M) + min(num_slots, num_tokens)
-
-
 def _splits(k: int, tiles: int, num_sms: int) -> tuple[int, int]:
     """(splits, reduction features per split, a multiple of BLOCK_K): enough programs to
     fill the GPU twice over, at most 8 planes of partial sums (the expand reads them all)."""
@@ -194,16 +189,3 @@ def lora_expand(
         s, b, y, order, tiles, t, n, splits, y.stride(0), b.stride(0), r, BLOCK_M, BLOCK_N,
         y.dtype == torch.float32,
     )  # fmt: skip
-
-
-def lora_add(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    order: torch.Tensor,
-    tiles: torch.Tensor,
-) -> None:
-    """y[t] += (x[t] @ a[slot]) @ b[slot] for every planned token (in place)."""
-    s = lora_shrink(x, a, order, tiles, shrink_buffer(x, a))
-    lora_expand(y, s, b, order, tiles)
