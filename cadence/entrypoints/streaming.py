@@ -13,7 +13,7 @@ StreamCursor, merge, sse                building blocks of the streaming endpoin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 import msgspec
 from fastapi import Request
@@ -148,10 +148,18 @@ class StreamCursor:
             yield out, delta, new_ids, new_lps, finished
 
 
-async def merge(runs: list[AsyncIterator]) -> AsyncIterator[tuple[int, object]]:
+async def merge(runs: list[AsyncGenerator]) -> AsyncIterator[tuple[int, object]]:
     """(index of the run, item) from several async iterators at once, as items arrive.
     The first error ends the merge; leaving it early (a hang-up) cancels every run, whose
     own cleanup then aborts its request in the engine."""
+    if len(runs) == 1:  # the common case: no pump task, no queue hop per item
+        run = runs[0]
+        try:
+            async for item in run:
+                yield 0, item
+        finally:
+            await run.aclose()
+        return
     queue: asyncio.Queue = asyncio.Queue()
     done = object()
 
