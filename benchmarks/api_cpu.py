@@ -1,13 +1,16 @@
-"""The API side's CPU per streamed token (issue 37): serve a tiny random model (2 layers,
-SmolLM2's tokenizer: engine steps of a few ms, so the API process is what is measured),
-stream `cadence bench serve` through it (random prompts, EOS ignored), and read the
-`cadence::api` process's CPU time (user + system, from /proc) before and after.
+"""The serving path's cost and speed (issue 37): serve a model, stream `cadence bench serve`
+through it (random prompts, EOS ignored) at each concurrency, and read the API processes'
+CPU time (user + system, from /proc: the server process and its `cadence::api*` children;
+the engine is not counted) before and after each run.
 
     python benchmarks/api_cpu.py --concurrency 64 --input-len 128 --output-len 256 \
         --num-prompts 256 --json out.json
+    python benchmarks/api_cpu.py --model .gpu-smoke/llama8b --serve-args "--load-format dummy \
+        --dtype bfloat16" --api-server-count 1,2,4 --concurrency 1,64,256,512 --json out.json
 
-Prints CPU-ms per 1,000 streamed tokens (the API process only: the engine is its child
-and is not counted) and the client's throughput.
+Without --model: a tiny random model (2 layers, SmolLM2's tokenizer: engine steps of a few
+ms, so the API side is what is measured). Prints, per server and concurrency, CPU-ms per
+1,000 streamed tokens, the client's output tok/s, TTFT, TPOT and ITL.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -53,72 +57,140 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def api_pids(server_pid: int) -> list[int]:
+    """The server process and its API process children (not the engine, not its workers)."""
+    pids = [server_pid]
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == server_pid and cmd.startswith(b"cadence::api"):
+            pids.append(int(entry))
+    return pids
+
+
+def api_cpu(pids: list[int]) -> float:
+    return sum(cpu_seconds(p) for p in pids)
+
+
+def children_cpu() -> float:
+    """User + system CPU of this process's finished children (the benchmark clients)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def serve(model: str, count: int, args) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log_path = os.path.join(args.work, f"server-{count}.log")
+    with open(log_path, "w") as log:  # (the server keeps its own handle)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "cadence.cli.main", "serve", "--model", model, "--port",
+             str(port), "--max-num-seqs", str(max(ints(args.concurrency))), "--max-num-waiting",
+             "4096", "--api-server-count", str(count), *shlex.split(args.serve_args)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited ({server.returncode}): see {log_path}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("the server did not start")
+
+
+def measure(url: str, pids: list[int], c: int, args) -> dict:
+    n = args.num_prompts or max(8, 2 * c)
+    out = os.path.join(args.work, "bench.json")
+    bench = [
+        sys.executable, "-m", "cadence.cli.main", "bench", "serve", "--base-url", url,
+        "--endpoint", args.endpoint, "--dataset-name", "random",
+        "--random-input-len", str(args.input_len), "--random-output-len",
+        str(args.output_len), "--max-concurrency", str(c), "--ignore-eos",
+    ]  # fmt: skip
+    warm = [*bench, "--num-prompts", str(max(c, 4))]
+    subprocess.run(warm, check=True, stdout=subprocess.DEVNULL)
+    cpu0, t0, client0 = api_cpu(pids), time.monotonic(), children_cpu()
+    subprocess.run([*bench, "--num-prompts", str(n), "--save-json", out], check=True,
+                   stdout=subprocess.DEVNULL)  # fmt: skip
+    cpu1, t1, client1 = api_cpu(pids), time.monotonic(), children_cpu()
+    with open(out) as f:
+        s = json.load(f)["runs"][0]["summary"]
+    tokens = s["total_output_tokens"]
+    return {
+        "concurrency": c,
+        "num_prompts": n,
+        "streamed_tokens": tokens,
+        "api_processes": len(pids) - (len(pids) > 1),
+        "api_cpu_s": round(cpu1 - cpu0, 3),
+        "wall_s": round(t1 - t0, 3),
+        "client_cpu_s": round(client1 - client0, 3),  # the benchmark client's own CPU
+        "api_cpu_ms_per_1000_tokens": round(1e6 * (cpu1 - cpu0) / max(1, tokens), 2),
+        "output_tok_s": round(s["output_throughput"], 1),
+        "ttft_p50_ms": s.get("median_ttft_ms"),
+        "ttft_p99_ms": s.get("p99_ttft_ms"),
+        "tpot_p50_ms": s.get("median_tpot_ms"),
+        "itl_p50_ms": s.get("median_itl_ms"),
+        "itl_p99_ms": s.get("p99_itl_ms"),
+        "failed": s["failed"],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--model", default=None, help="(default: a tiny random model)")
+    ap.add_argument("--serve-args", default="--kv-cache-memory 268435456 --log-level warning")
+    ap.add_argument("--api-server-count", default="1", help="comma-separated: a server each")
+    ap.add_argument("--concurrency", default="64", help="comma-separated")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
-    ap.add_argument("--num-prompts", type=int, default=256)
+    ap.add_argument("--num-prompts", type=int, default=0, help="(default: 2 x concurrency, >= 8)")
     ap.add_argument("--endpoint", default="completions")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    work = tempfile.mkdtemp(prefix="api-cpu-")
-    model = tiny_model(os.path.join(work, "tiny"))
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "cadence.cli.main", "serve", "--model", model, "--port",
-         str(port), "--max-num-seqs", str(args.concurrency), "--max-num-waiting", "4096",
-         "--kv-cache-memory", str(256 * 2**20), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    args.work = tempfile.mkdtemp(prefix="api-cpu-")
+    model = args.model or tiny_model(os.path.join(args.work, "tiny"))
+    results = []
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
+        for count in ints(args.api_server_count):
+            server, url = serve(model, count, args)
             try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        bench = [
-            sys.executable, "-m", "cadence.cli.main", "bench", "serve", "--base-url", url,
-            "--endpoint", args.endpoint, "--dataset-name", "random",
-            "--random-input-len", str(args.input_len), "--random-output-len",
-            str(args.output_len), "--num-prompts", str(args.num_prompts),
-            "--max-concurrency", str(args.concurrency), "--ignore-eos",
-            "--save-json", os.path.join(work, "bench.json"),
-        ]  # fmt: skip
-        warm = [*bench[:-2], "--num-prompts", str(args.concurrency)]
-        subprocess.run(warm, check=True, stdout=subprocess.DEVNULL)
-        cpu0, t0 = cpu_seconds(server.pid), time.monotonic()
-        subprocess.run(bench, check=True, stdout=subprocess.DEVNULL)
-        cpu1, t1 = cpu_seconds(server.pid), time.monotonic()
-        with open(os.path.join(work, "bench.json")) as f:
-            report = json.load(f)
-        tokens = args.num_prompts * args.output_len
-        result = {
-            "concurrency": args.concurrency,
-            "streamed_tokens": tokens,
-            "api_cpu_s": cpu1 - cpu0,
-            "wall_s": t1 - t0,
-            "api_cpu_ms_per_1000_tokens": 1000 * (cpu1 - cpu0) / tokens * 1000,
-            "output_tok_s": report["runs"][0]["summary"]["output_throughput"],
-            "itl_p99_ms": report["runs"][0]["summary"].get("p99_itl_ms"),
-        }
-        print(json.dumps(result))
+                time.sleep(1.0)  # (the API processes' children are listed once started)
+                pids = api_pids(server.pid)
+                for c in ints(args.concurrency):
+                    row = {"api_server_count": count, **measure(url, pids, c, args)}
+                    print(json.dumps(row), flush=True)
+                    results.append(row)
+            finally:
+                server.terminate()
+                server.wait(60)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+                json.dump(results, f, indent=1)
     finally:
-        server.terminate()
-        server.wait(30)
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(args.work, ignore_errors=True)
 
 
 if __name__ == "__main__":

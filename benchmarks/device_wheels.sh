@@ -8,7 +8,8 @@
 set -euo pipefail
 ../shared/tools/device-wheels
 pins=()
-for p in apache-tvm-ffi opentelemetry-api annotated-doc httpx2 httpcore2 truststore click h11 httptools; do
+for p in apache-tvm-ffi opentelemetry-api annotated-doc httpx2 httpcore2 truststore click h11 httptools uvloop \
+    aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl; do
   v=$(.venv/bin/pip show "$p" 2>/dev/null | awk '/^Version:/{print $2}')
   [ -n "$v" ] && pins+=("$p==$v")
 done

@@ -2,11 +2,22 @@
 
 Gauges mirror the engine core's stats (sent with each of its messages); counters and
 histograms are fed by the API server's output processor as tokens arrive.
+
+Several API processes (--api-server-count) keep one set of series: their supervisor sets
+PROMETHEUS_MULTIPROC_DIR before they start, each writes its values there (prometheus_client's
+multiprocess mode) and whichever answers /metrics reads them all, counters and histograms
+summed. The engine's own numbers reach every process but are recorded by the lead one only
+(`lead`), so they are not counted once per process.
 """
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -32,18 +43,35 @@ _LATENCY_BUCKETS = (
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, lead: bool = True) -> None:
+        """`lead`: this process records the engine's stats (the first API process)."""
         self.registry = r = CollectorRegistry()
+        self.shared_dir = os.environ.get(MULTIPROC_DIR_ENV)  # (set: several API processes)
+        self.lead = lead
         labels = ["model_name"]
         self.model_name = model_name
+        # (multiprocess mode: the lead process alone sets them, the value is its latest)
+        engine = {"multiprocess_mode": "mostrecent"}
         self.running = Gauge(
-            "cadence:num_requests_running", "Sequences in the running batch", labels, registry=r
+            "cadence:num_requests_running",
+            "Sequences in the running batch",
+            labels,
+            registry=r,
+            **engine,
         )
         self.waiting = Gauge(
-            "cadence:num_requests_waiting", "Sequences waiting to be scheduled", labels, registry=r
+            "cadence:num_requests_waiting",
+            "Sequences waiting to be scheduled",
+            labels,
+            registry=r,
+            **engine,
         )
         self.kv_usage = Gauge(
-            "cadence:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)", labels, registry=r
+            "cadence:kv_cache_usage_perc",
+            "Fraction of KV blocks in use (0-1)",
+            labels,
+            registry=r,
+            **engine,
         )
         self.prefix_queries = Counter(
             "cadence:prefix_cache_queries",
@@ -206,12 +234,14 @@ class ServerMetrics:
             "Sequences running, per LoRA adapter",
             adapter,
             registry=r,
+            **engine,
         )
         self.lora_waiting = Gauge(
             "cadence:lora_requests_waiting",
             "Sequences waiting, per LoRA adapter",
             adapter,
             registry=r,
+            **engine,
         )
         self.lora_slot_loads = Counter(
             "cadence:lora_slot_loads",
@@ -252,8 +282,9 @@ class ServerMetrics:
         self._last_per_pos: list[int] = []
         self._last_lengths: list[int] = []
         self._last_engine = dict.fromkeys(self._engine_counters, 0)
-        for m in (self.running, self.waiting, self.kv_usage):
-            m.labels(model_name).set(0)
+        if lead:
+            for m in (self.running, self.waiting, self.kv_usage):
+                m.labels(model_name).set(0)
         # Create every labelled series now, so /metrics lists them (at 0) from the start.
         for m in (
             self.prefix_queries,
@@ -277,6 +308,8 @@ class ServerMetrics:
         return metric.labels(self.model_name)
 
     def update_engine_stats(self, stats) -> None:
+        if not self.lead:
+            return
         self._l(self.running).set(stats.num_running)
         self._l(self.waiting).set(stats.num_waiting)
         self._l(self.kv_usage).set(stats.kv_usage)
@@ -320,14 +353,22 @@ class ServerMetrics:
         self._l(self.e2e).observe(e2e)
         self.requests_success.labels(self.model_name, finish_reason).inc()
 
+    def _collect_from(self) -> CollectorRegistry:
+        """The registry to read: this process's, or every API process's values."""
+        if self.shared_dir is None:
+            return self.registry
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, self.shared_dir)
+        return merged
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._collect_from())
 
     def samples(self) -> dict[str, float]:
         """Every sample /metrics would render, summed over model names: name -> value, with
         a label other than model_name kept in the key (`name{label="value"}`)."""
         out: dict[str, float] = {}
-        for family in self.registry.collect():
+        for family in self._collect_from().collect():
             for s in family.samples:
                 extra = ",".join(f'{k}="{v}"' for k, v in s.labels.items() if k != "model_name")
                 key = f"{s.name}{{{extra}}}" if extra else s.name

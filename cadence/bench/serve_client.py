@@ -1,5 +1,10 @@
 """How `cadence bench serve` talks to the server: the client, the model to send, the
-request bodies, and one streamed request timed on this side (see cadence/bench/serve.py)."""
+request bodies, and one streamed request timed on this side (see cadence/bench/serve.py).
+
+The streamed requests go through aiohttp (its C HTTP parser), the rest through httpx: at
+tens of thousands of streamed tokens a second httpx's per-read machinery made the client
+itself the bottleneck (about 100 µs a token: two cores at an H200's rate), and its late
+reads showed up as the server's inter-token latency."""
 
 from __future__ import annotations
 
@@ -14,12 +19,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import httpx
+
 from cadence.bench.datasets import BenchPrompt
 from cadence.bench.serve_args import BenchError
 from cadence.bench.stats import RequestRecord
 
 if TYPE_CHECKING:
-    import httpx
+    import aiohttp
 
 
 @dataclass
@@ -35,17 +42,39 @@ def base_url(args: argparse.Namespace) -> str:
     return url.rstrip("/").removesuffix("/v1")
 
 
-def make_client(args: argparse.Namespace) -> httpx.AsyncClient:
-    import httpx
-
+def make_client(args: argparse.Namespace) -> BenchClient:
     key = args.api_key or os.environ.get("OPENAI_API_KEY") or os.environ.get("CADENCE_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.AsyncClient(
+    return BenchClient(
         base_url=base_url(args),
         headers=headers,
         timeout=httpx.Timeout(args.request_timeout, connect=min(30.0, args.request_timeout)),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
     )
+
+
+class BenchClient(httpx.AsyncClient):
+    """httpx's client for the questions (models, metrics, errors), with an aiohttp session
+    beside it, opened with it, for the timed streams (`streams`, same address and headers)."""
+
+    streams: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self):
+        import aiohttp
+
+        await super().__aenter__()
+        t = self.timeout
+        self.streams = aiohttp.ClientSession(
+            headers={k: v for k, v in self.headers.items() if k.lower() == "authorization"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read),
+            connector=aiohttp.TCPConnector(limit=0),
+        )
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.streams is not None:
+            await self.streams.close()
+        await super().__aexit__(*exc)
 
 
 def error_message(raw: bytes) -> str:
@@ -154,11 +183,27 @@ async def sse_chunks(resp) -> AsyncIterator[dict[str, Any] | None]:
         yield json.loads(data)
 
 
+async def _sse_chunks_of(content) -> AsyncIterator[dict[str, Any] | None]:
+    """sse_chunks over an aiohttp body: the bytes as they come, cut into lines here (no
+    line-length limit: one event may hold a long list of logprobs)."""
+    rest = b""
+    async for data in content.iter_any():
+        *lines, rest = (rest + data).split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                yield None
+                return
+            yield json.loads(payload)
+
+
 async def send_request(
-    client: httpx.AsyncClient, path: str, body: dict, chat: bool, rec: RequestRecord, t0: float
+    client: BenchClient, path: str, body: dict, chat: bool, rec: RequestRecord, t0: float
 ) -> None:
     """Stream one request and fill `rec`'s times (seconds) and the server's usage."""
-    import httpx
+    import aiohttp
 
     st = time.perf_counter()
     rec.start = st - t0
@@ -166,11 +211,12 @@ async def send_request(
     pieces: list[str] = []
     done = False
     try:
-        async with client.stream("POST", path, json=body) as resp:
-            if resp.status_code != 200:
-                rec.error = f"HTTP {resp.status_code}: {error_message(await resp.aread())}"
+        url = str(client.base_url).rstrip("/") + "/" + path.lstrip("/")
+        async with client.streams.post(url, json=body) as resp:
+            if resp.status != 200:
+                rec.error = f"HTTP {resp.status}: {error_message(await resp.read())}"
                 return
-            async for chunk in sse_chunks(resp):
+            async for chunk in _sse_chunks_of(resp.content):
                 if chunk is None:
                     done = True
                     break
@@ -191,7 +237,7 @@ async def send_request(
                     last = now
                     pieces.append(text)
             rec.e2e = time.perf_counter() - st
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, TimeoutError) as e:
         rec.error = f"{type(e).__name__}: {e or 'no detail'}"
     except json.JSONDecodeError as e:
         rec.error = f"bad JSON in the stream: {e.msg}"

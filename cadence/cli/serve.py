@@ -78,6 +78,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         "one router on --port (default: 1)",
     )
     s.add_argument(
+        "--api-server-count",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="API processes (HTTP, tokenizing, detokenizing, streaming) in front of the one "
+        "engine, sharing --port (default: one per 8 cores beside a GPU engine, at most 4; "
+        "1 on a CPU engine)",
+    )
+    s.add_argument(
         "--shutdown-timeout",
         type=non_negative_float,
         default=30.0,
@@ -158,10 +167,20 @@ def run_serve(args: argparse.Namespace) -> int:
 
         return run_data_parallel(args, kwargs)
     config = EngineConfig.from_kwargs(**kwargs)
+    count = args.api_server_count
+    if count is None:
+        from cadence.entrypoints.api_servers import default_api_server_count
+
+        count = default_api_server_count(config.device)
+    if count > 1 and args.responses_store_size:
+        # (each API process would keep its own: a follow-up answered by another would miss)
+        args.parser.error(
+            "--responses-store-size keeps responses in one process: not with --api-server-count > 1"
+        )
     try:
         from setproctitle import setproctitle
 
-        setproctitle("cadence::api")
+        setproctitle("cadence::serve" if count > 1 else "cadence::api")
     except ImportError:
         pass
     from cadence.allocator import limit_arenas
@@ -181,7 +200,15 @@ def run_serve(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         tool_call_parser=args.tool_call_parser,
         lora_modules=lora_modules,
+        api_server_count=count,
     )
+    if count > 1:
+        from cadence.entrypoints.api_servers import run_api_servers
+
+        logging.getLogger("cadence").info(
+            "listening on http://%s:%d (%d API processes)", args.host, args.port, count
+        )
+        return run_api_servers(config, options, args.host, args.port, args.shutdown_timeout)
     app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)
     return serve(app, args.host, args.port, args.shutdown_timeout)

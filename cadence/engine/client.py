@@ -1,10 +1,16 @@
 """The API server's handle on the engine core process.
 
     client = AsyncEngineClient(config, tokenizer, observer)
-    await client.start()                    spawn the core, wait for EngineReady
+    await client.start()                    spawn the core (or attach to the one the
+                                            supervisor started), wait for EngineReady
     async for state in client.generate(...):   RequestState snapshots as tokens arrive
     await client.abort(request_id)          a hang-up
     await client.shutdown()
+
+With several API processes (--api-server-count, entrypoints/api_servers.py) the supervisor
+starts the core and each API process attaches to it (EngineAttachment): its own pair of
+sockets, its requests marked with its index so their outputs come back to it. Such a client
+never stops the core; it watches the core by pid and still declares it dead or wedged.
 
 One background task reads the core's output socket and feeds the OutputProcessor (which
 detokenizes and checks stop strings here, off the core); another watches the core process.
@@ -32,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
@@ -47,6 +54,7 @@ from cadence.engine.output_processor import (
     sample_params,
 )
 from cadence.lora_request import LoRARequest
+from cadence.process import ProcessByPid
 from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -72,6 +80,16 @@ class EngineCallError(RuntimeError):
     """The core could not answer a call (its reason is the message)."""
 
 
+@dataclass(frozen=True)
+class EngineAttachment:
+    """An API process's place beside an engine core it did not start."""
+
+    client_index: int  # this process's index: the core sends its requests' outputs there
+    in_addr: str  # ipc:// this process binds, the core reads requests from
+    out_addr: str  # ipc:// this process binds, the core sends this process's outputs to
+    engine_pid: int
+
+
 class _Stream:
     """Wakes one request's handler when its state changed or an error arrived."""
 
@@ -90,13 +108,17 @@ class AsyncEngineClient:
         tokenizer,
         observer: RequestObserver | None = None,
         stall_timeout: float = DEFAULT_STALL_TIMEOUT_S,
+        attach: EngineAttachment | None = None,
     ) -> None:
         """`stall_timeout`: seconds of silence from the engine, with requests in flight,
-        after which it is declared wedged, killed, and every request fails."""
+        after which it is declared wedged, killed, and every request fails. `attach`: the
+        core another process started (None: start one)."""
         if not stall_timeout > 0:
             raise ValueError(f"stall_timeout must be positive, got {stall_timeout}")
         self.config = config
         self.stall_timeout = stall_timeout
+        self.attach = attach
+        self.client_index = attach.client_index if attach else 0
         self.tokenizer = tokenizer
         self.output_processor = OutputProcessor(tokenizer, observer)
         self.streams: dict[str, _Stream] = {}
@@ -107,7 +129,7 @@ class AsyncEngineClient:
         self.dead_event = asyncio.Event()  # set once, when the engine is declared dead
         self._last_heard = time.monotonic()  # the engine's last message (or first request)
         self._tasks: list[asyncio.Task] = []
-        self._proc: mp.process.BaseProcess | None = None
+        self._proc: mp.process.BaseProcess | ProcessByPid | None = None
         self._trimmer = Trimmer()  # this process's free heap back to the OS after bursts
         self._calls: dict[int, asyncio.Future] = {}  # call id -> its reply, to come
         self._next_call_id = 0
@@ -115,36 +137,49 @@ class AsyncEngineClient:
     # ---- life cycle -------------------------------------------------------------------
 
     async def start(self, startup_timeout: float = 600.0) -> P.EngineReady:
-        self._dir = tempfile.mkdtemp(prefix="cadence-")
-        in_addr = f"ipc://{self._dir}/in"
-        out_addr = f"ipc://{self._dir}/out"
-        self.ctx = zmq.asyncio.Context()
-        self.to_core = self.ctx.socket(zmq.PUSH)
-        self.to_core.bind(in_addr)
-        self.from_core = self.ctx.socket(zmq.PULL)
-        self.from_core.bind(out_addr)
-        spawn = mp.get_context("spawn")
-        # The kernel's parent-death signal fires when the spawning *thread* ends: ask for it
-        # only from the main thread, which lives as long as this process.
-        pdeathsig = threading.current_thread() is threading.main_thread()
-        level = logging.getLogger().getEffectiveLevel()
-        self._proc = spawn.Process(
-            target=run_engine_core,
-            args=(self.config, in_addr, out_addr, level, os.getpid(), pdeathsig),
-            name="cadence::engine",
-            daemon=True,
-        )
-        self._proc.start()
+        if self.attach is not None:
+            self._dir = None  # (the supervisor's, removed by it)
+            self._bind(self.attach.in_addr, self.attach.out_addr)
+            self._proc = ProcessByPid(self.attach.engine_pid)
+        else:
+            self._dir = tempfile.mkdtemp(prefix="cadence-")  # 0700: this user's sockets only
+            self._bind(f"ipc://{self._dir}/in", f"ipc://{self._dir}/out")
+            self._proc = self._spawn_core()
         try:
             self.ready = await self._wait_ready(startup_timeout)
         except BaseException:
-            self._proc.kill()
+            if self.attach is None:
+                self._proc.kill()
             raise
         self._tasks = [
             asyncio.create_task(self._output_loop(), name="cadence-outputs"),
             asyncio.create_task(self._watchdog(), name="cadence-watchdog"),
         ]
         return self.ready
+
+    def _bind(self, in_addr: str, out_addr: str) -> None:
+        self.ctx = zmq.asyncio.Context()
+        self.to_core = self.ctx.socket(zmq.PUSH)
+        self.to_core.bind(in_addr)
+        self.from_core = self.ctx.socket(zmq.PULL)
+        self.from_core.bind(out_addr)
+        self._addrs = (in_addr, out_addr)
+
+    def _spawn_core(self) -> mp.process.BaseProcess:
+        spawn = mp.get_context("spawn")
+        # The kernel's parent-death signal fires when the spawning *thread* ends: ask for it
+        # only from the main thread, which lives as long as this process.
+        pdeathsig = threading.current_thread() is threading.main_thread()
+        level = logging.getLogger().getEffectiveLevel()
+        in_addr, out_addr = self._addrs
+        proc = spawn.Process(
+            target=run_engine_core,
+            args=(self.config, [in_addr], [out_addr], level, os.getpid(), pdeathsig),
+            name="cadence::engine",
+            daemon=True,
+        )
+        proc.start()
+        return proc
 
     async def _wait_ready(self, timeout: float) -> P.EngineReady:
         deadline = time.monotonic() + timeout
@@ -165,10 +200,11 @@ class AsyncEngineClient:
                 raise TimeoutError(f"engine did not start in {timeout:g} s")
 
     async def shutdown(self) -> None:
-        """Stop the core in order (this is not a death: dead_event stays clear)."""
+        """Stop the core in order (this is not a death: dead_event stays clear). An
+        attached client only closes its sockets: the supervisor stops the core."""
         for t in self._tasks:
             t.cancel()
-        if self._proc is not None and self._proc.is_alive():
+        if self.attach is None and self._proc is not None and self._proc.is_alive():
             with contextlib.suppress(zmq.ZMQError, TimeoutError):
                 await asyncio.wait_for(self.to_core.send_multipart([P.SHUTDOWN, b""]), 1.0)
             await asyncio.to_thread(self._proc.join, 10)
@@ -180,7 +216,8 @@ class AsyncEngineClient:
         self.to_core.close(linger=0)
         self.from_core.close(linger=0)
         self.ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)  # the two ipc socket files
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)  # the two ipc socket files
 
     @property
     def engine_pid(self) -> int | None:
@@ -219,7 +256,9 @@ class AsyncEngineClient:
         finished = False
         try:
             for sid, child in zip(ids, sample_params(params)):
-                req = P.EngineCoreRequest(sid, prompt_token_ids, child, now, priority, lora)
+                req = P.EngineCoreRequest(
+                    sid, prompt_token_ids, child, now, priority, lora, self.client_index
+                )
                 await self._send_to_core([P.ADD, P.encoder.encode(req)])
             while True:
                 await stream.event.wait()
@@ -262,7 +301,7 @@ class AsyncEngineClient:
         self._calls[call_id] = reply
         try:
             await self._send_to_core(
-                [P.CALL, P.encoder.encode(P.EngineCall(call_id, method, args))]
+                [P.CALL, P.encoder.encode(P.EngineCall(call_id, method, args, self.client_index))]
             )
             return await asyncio.wait_for(reply, timeout)
         finally:
@@ -347,8 +386,10 @@ class AsyncEngineClient:
             if self._proc is None:
                 continue
             if not self._proc.is_alive():
+                code = self._proc.exitcode
                 self._declare_dead(
-                    f"the engine core process died (exit code {self._proc.exitcode})"
+                    "the engine core process died"
+                    + (f" (exit code {code})" if code is not None else "")
                 )
                 return
             silent = time.monotonic() - self._last_heard

@@ -51,6 +51,7 @@ import zmq
 from cadence.allocator import Trimmer, bound_onednn_cache, limit_arenas
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
+from cadence.engine.fanout import OutputFanout, SendTimeout
 from cadence.process import die_with_parent
 
 if TYPE_CHECKING:
@@ -74,14 +75,16 @@ class EngineExit(Exception):
 
 def run_engine_core(
     config: EngineConfig,
-    in_addr: str,
-    out_addr: str,
+    in_addrs: list[str],
+    out_addrs: list[str],
     log_level: int = logging.INFO,
     parent_pid: int | None = None,
     pdeathsig: bool = False,
 ) -> None:
-    """Process entry point. Returns on SHUTDOWN or the parent's death; exits with code 1
-    after repeated step failures or a send that timed out."""
+    """Process entry point. `in_addrs`: where requests come from (one per API process, and
+    the supervisor's own when it runs several); `out_addrs[i]`: API process i's output
+    socket. Returns on SHUTDOWN or the parent's death; exits with code 1 after repeated
+    step failures or a send that timed out."""
     parent_pid = os.getppid() if parent_pid is None else parent_pid
     if pdeathsig and not die_with_parent(parent_pid):
         return  # the server died while we were starting
@@ -99,18 +102,20 @@ def run_engine_core(
     bound_onednn_cache()  # before the first CPU matmul
     _setup_threads(config)
     ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.connect(in_addr)
-    outbox = make_outbox(ctx, out_addr)
+    inbox = ctx.socket(zmq.PULL)  # fair-queued over every API process
+    for addr in in_addrs:
+        inbox.connect(addr)
+    outboxes = [make_outbox(ctx, addr) for addr in out_addrs]
     code = 0
     try:
-        code = _serve(config, inbox, outbox, parent_pid)
+        code = _serve(config, inbox, OutputFanout(outboxes), parent_pid)
     except EngineExit as e:
         logger.error("engine exiting: %s", e)
         code = e.code
     finally:
         inbox.close(linger=0)
-        outbox.close(linger=1000)  # let the last errors reach the server, within a bound
+        for outbox in outboxes:
+            outbox.close(linger=1000)  # let the last errors reach the server, within a bound
         ctx.term()
     if code:
         sys.exit(code)
@@ -128,7 +133,7 @@ def _setup_threads(config: EngineConfig) -> None:
         setup_cpu_threads(p.cpu_threads, p.cpu_bind_threads)
 
 
-def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_pid: int) -> int:
+def _serve(config: EngineConfig, inbox: zmq.Socket, fanout: OutputFanout, parent_pid: int) -> int:
     from cadence.engine.core import EngineCore  # here: the torch-heavy part of start-up
     from cadence.engine.faults import install_from_env
     from cadence.executor.distributed import DistributedExecutor
@@ -142,7 +147,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
     except Exception as e:
         logger.exception("engine start-up failed")
         msg = P.EngineCoreOutputs(errors=[("", f"engine start-up failed: {e}")])
-        send_or_exit(outbox, P.encoder.encode(msg))
+        send_or_exit(fanout.broadcast, P.encoder.encode(msg))
         return 1
     install_from_env(core)
     runner = core.runner
@@ -156,16 +161,17 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, outbox: zmq.Socket, parent_p
         core.kv_connector.addr,
         core.pooling,
     )
-    send_or_exit(outbox, P.encoder.encode(ready))
+    send_or_exit(fanout.broadcast, P.encoder.encode(ready))
     try:
-        code = EngineLoop(core, inbox, outbox, parent_pid).run()
+        code = EngineLoop(core, inbox, fanout, parent_pid).run()
     finally:
         core.shutdown()
     if core.grammars.shutdown():
         # A compile thread is still inside xgrammar (one given up on): when it returns during
         # interpreter teardown the C++ runtime aborts the process. Leave without teardown.
         inbox.close(linger=0)
-        outbox.close(linger=1000)
+        for outbox in fanout.outboxes:
+            outbox.close(linger=1000)
         logging.shutdown()
         os._exit(code)
     return code
@@ -180,11 +186,12 @@ def make_outbox(ctx: zmq.Context, addr: str, timeout_s: float = SEND_TIMEOUT_S) 
     return outbox
 
 
-def send_or_exit(outbox: zmq.Socket, frame: bytes) -> None:
-    """Send, or raise EngineExit(1) if the server took nothing for the send timeout."""
+def send_or_exit(send, *args) -> None:
+    """`send(*args)` (a fanout's), or raise EngineExit(1) if an API process took nothing
+    for the send timeout."""
     try:
-        outbox.send(frame)
-    except zmq.Again:
+        send(*args)
+    except SendTimeout:
         raise EngineExit(1, "the API server read nothing for the send timeout") from None
 
 
@@ -193,7 +200,7 @@ class EngineLoop:
         self,
         core: EngineCore,
         inbox: zmq.Socket,
-        outbox: zmq.Socket,
+        fanout: OutputFanout,
         parent_pid: int,
     ) -> None:
         from cadence.engine.introspect import Introspection
@@ -201,7 +208,7 @@ class EngineLoop:
         self.core = core
         self.introspection = Introspection(core)
         self.inbox = inbox
-        self.outbox = outbox
+        self.fanout = fanout
         self.parent_pid = parent_pid
         self.errors: list[tuple[str, str]] = []
         self.step_errors: list[tuple[str, str]] = []
@@ -255,7 +262,7 @@ class EngineLoop:
         time bound."""
         intro = self.introspection
         for reply in intro.finished_replies():
-            send_or_exit(self.outbox, P.encoder.encode(reply))
+            send_or_exit(self.fanout.reply, reply)
         if intro.profiler.overdue():
             logger.warning("profile stopped after --profile-max-seconds")
             intro.profiler.stop()
@@ -300,6 +307,7 @@ class EngineLoop:
             if kind == P.ADD:
                 req = P.request_decoder.decode(payload)
                 try:
+                    self.fanout.own(req.request_id, req.client_index)
                     self.core.add_request(
                         req.request_id,
                         req.prompt_token_ids,
@@ -314,10 +322,11 @@ class EngineLoop:
                 ids = P.abort_decoder.decode(payload)
                 logger.debug("abort %s", ids)
                 self.core.abort(ids)
+                self.fanout.forget(ids)
             elif kind == P.CALL:
                 reply = self.introspection.answer(P.call_decoder.decode(payload))
                 if reply is not None:  # (else it comes when ready: _introspection_chores)
-                    send_or_exit(self.outbox, P.encoder.encode(reply))
+                    send_or_exit(self.fanout.reply, reply)
                 continue  # a question changes no queue
             elif kind == P.SHUTDOWN:
                 self.running = False
@@ -372,7 +381,7 @@ class EngineLoop:
             stats.spec_accepted_per_position = list(s.spec.accepted_per_position)
             stats.spec_acceptance_lengths = list(s.spec.acceptance_lengths)
         msg = P.EngineCoreOutputs(updates, self.errors, stats, time.time(), self.step_errors)
-        send_or_exit(self.outbox, P.encoder.encode(msg))
+        send_or_exit(self.fanout.send, msg)
         self.errors = []
         self.step_errors = []
         self._stats_dirty = False

@@ -55,14 +55,16 @@ class Introspection:
         """The reply now, or None: it comes from finished_replies() when ready."""
         method = self._methods.get(call.method)
         if method is None:
-            return P.EngineCallReply(call.call_id, error=f"unknown call {call.method!r}")
+            return P.EngineCallReply(
+                call.call_id, error=f"unknown call {call.method!r}", client_index=call.client_index
+            )
         try:
             result = method(**call.args)
         except (ProfilerError, TypeError, ValueError) as e:
-            return P.EngineCallReply(call.call_id, error=str(e))
+            return P.EngineCallReply(call.call_id, error=str(e), client_index=call.client_index)
         if not isinstance(result, Future):
-            return P.EngineCallReply(call.call_id, result)
-        result.add_done_callback(lambda f, cid=call.call_id: self._later.put(_reply_of(cid, f)))
+            return P.EngineCallReply(call.call_id, result, client_index=call.client_index)
+        result.add_done_callback(lambda f, c=call: self._later.put(_reply_of(c, f)))
         return None
 
     def finished_replies(self) -> list[P.EngineCallReply]:
@@ -93,11 +95,12 @@ class Introspection:
         return {"total": len(rows), "requests": rows[: max(0, int(limit))]}
 
 
-def _reply_of(call_id: int, done: Future) -> P.EngineCallReply:
+def _reply_of(call: P.EngineCall, done: Future) -> P.EngineCallReply:
     try:
-        return P.EngineCallReply(call_id, done.result())
+        return P.EngineCallReply(call.call_id, done.result(), client_index=call.client_index)
     except Exception as e:
-        return P.EngineCallReply(call_id, error=f"{type(e).__name__}: {e}")
+        why = f"{type(e).__name__}: {e}"
+        return P.EngineCallReply(call.call_id, error=why, client_index=call.client_index)
 
 
 def _held(core: EngineCore) -> list[Request]:

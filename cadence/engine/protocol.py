@@ -8,10 +8,13 @@ Token ids travel, text does not. Frames on the input socket are (kind, payload):
                                          table, profiler): answered by one EngineCallReply
     SHUTDOWN  None                       leave the loop
 
-On the output socket every frame is one EngineCoreOutputs (a step's token updates, any
-per-request errors, and the scheduler's stats) or one EngineCallReply. While the core has unfinished work it sends
-one at least every HEARTBEAT_INTERVAL_S, updates or not: the API server takes a long silence
-with requests in flight for a wedged engine.
+On an output socket every frame is one EngineCoreOutputs (a step's token updates, any
+per-request errors, and the scheduler's stats) or one EngineCallReply. While the core has
+unfinished work it sends one at least every HEARTBEAT_INTERVAL_S, updates or not: the API
+server takes a long silence with requests in flight for a wedged engine.
+
+Several API processes (--api-server-count) each have an input and an output socket; a
+request or call names its process (client_index) and the engine answers there (fanout.py).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     priority: int = 0
     lora: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    client_index: int = 0  # the API process that sent it: its outputs go there (fanout.py)
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -104,12 +108,14 @@ class EngineCall(msgspec.Struct, array_like=True):
     call_id: int
     method: str  # "steps" | "requests" | "start_profile" | "stop_profile"
     args: dict = {}
+    client_index: int = 0  # the API process asking: the reply goes there
 
 
 class EngineCallReply(msgspec.Struct, array_like=True, tag="reply"):
     call_id: int
     result: object = None  # plain data (dicts, lists, numbers, strings)
     error: str | None = None  # the call failed: why (the result is None)
+    client_index: int = 0  # the API process that asked
 
 
 encoder = msgspec.msgpack.Encoder()

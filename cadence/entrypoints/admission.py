@@ -11,13 +11,56 @@ Past either bound a new request gets 429 with Retry-After at once. A request lar
 bound on its own could never be admitted: it gets a 400 that says so, not a 429 to retry.
 The whole request is admitted at once, before any response byte goes out, so a streamed
 multi-prompt completion is never refused halfway through its stream.
+
+With several API processes (--api-server-count) the bounds hold for the whole server: the
+counts live in shared memory (SharedCounts), checked and changed under one lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 
 from cadence.entrypoints.errors import APIError, QueueFull
+
+
+class LocalCounts:
+    """The counts of a server with one API process."""
+
+    def __init__(self) -> None:
+        self.seqs = 0  # sequences in flight
+        self.tokens = 0  # prompt tokens queued
+
+    def lock(self):
+        return contextlib.nullcontext()
+
+
+class SharedCounts:
+    """The same counts in shared memory, for API processes started by one supervisor
+    (made there with its multiprocessing context; handed to each process as it starts)."""
+
+    def __init__(self, mp_context) -> None:
+        self._values = mp_context.RawArray("q", 2)
+        self._lock = mp_context.Lock()
+
+    @property
+    def seqs(self) -> int:
+        return self._values[0]
+
+    @seqs.setter
+    def seqs(self, n: int) -> None:
+        self._values[0] = n
+
+    @property
+    def tokens(self) -> int:
+        return self._values[1]
+
+    @tokens.setter
+    def tokens(self, n: int) -> None:
+        self._values[1] = n
+
+    def lock(self):
+        return self._lock
 
 
 class Ticket:
@@ -30,7 +73,10 @@ class Ticket:
 
     def started(self, index: int = 0) -> None:
         tokens, self._queued[index] = self._queued[index], 0
-        self._admission.queued_prompt_tokens -= tokens
+        if tokens:
+            counts = self._admission.counts
+            with counts.lock():
+                counts.tokens -= tokens
 
     def release_all(self) -> None:
         for i in range(len(self._queued)):
@@ -39,13 +85,27 @@ class Ticket:
 
 class Admission:
     def __init__(
-        self, max_num_seqs: int, max_num_waiting: int, max_queued_prompt_tokens: int, on_reject=None
+        self,
+        max_num_seqs: int,
+        max_num_waiting: int,
+        max_queued_prompt_tokens: int,
+        on_reject=None,
+        counts: LocalCounts | SharedCounts | None = None,
     ) -> None:
         self.max_seqs_in_flight = max_num_seqs + max_num_waiting
         self.max_queued_prompt_tokens = max_queued_prompt_tokens
-        self.seqs_in_flight = 0
-        self.queued_prompt_tokens = 0
+        self.counts = counts or LocalCounts()
+        self.own_seqs = 0  # of seqs_in_flight: this process's (what its drain waits for)
         self.on_reject = on_reject
+
+    @property
+    def seqs_in_flight(self) -> int:
+        """Sequences the whole server holds."""
+        return self.counts.seqs
+
+    @property
+    def queued_prompt_tokens(self) -> int:
+        return self.counts.tokens
 
     def check_size(self, num_seqs: int, prompt_tokens: list[int]) -> None:
         """400 for a request no empty server could take."""
@@ -70,30 +130,32 @@ class Admission:
         """Hold `num_seqs` sequences and the prompts' tokens while the request runs; yields
         a Ticket. Raises APIError (400, too large ever) or QueueFull (429, full now)."""
         self.check_size(num_seqs, prompt_tokens)
-        if self.seqs_in_flight + num_seqs > self.max_seqs_in_flight:
-            self._reject(
-                f"the server is at capacity ({self.seqs_in_flight} sequences in flight); "
-                "retry shortly"
-            )
-        if (
-            self.seqs_in_flight
-            and self.queued_prompt_tokens + sum(prompt_tokens) > self.max_queued_prompt_tokens
-        ):
-            self._reject(
-                f"too many prompt tokens queued ({self.queued_prompt_tokens}); retry shortly"
-            )
-        self.seqs_in_flight += num_seqs
-        self.queued_prompt_tokens += sum(prompt_tokens)
+        counts, tokens = self.counts, sum(prompt_tokens)
+        with counts.lock():
+            seqs, queued = counts.seqs, counts.tokens
+            full = seqs + num_seqs > self.max_seqs_in_flight
+            crowded = bool(seqs) and queued + tokens > self.max_queued_prompt_tokens
+            if not (full or crowded):
+                counts.seqs = seqs + num_seqs
+                counts.tokens = queued + tokens
+        if full:
+            self._reject(f"the server is at capacity ({seqs} sequences in flight); retry shortly")
+        if crowded:
+            self._reject(f"too many prompt tokens queued ({queued}); retry shortly")
+        self.own_seqs += num_seqs
         ticket = Ticket(self, prompt_tokens)
         try:
             yield ticket
         finally:
             ticket.release_all()
-            self.seqs_in_flight -= num_seqs
+            self.own_seqs -= num_seqs
+            with counts.lock():
+                counts.seqs -= num_seqs
 
     @property
     def idle(self) -> bool:
-        return self.seqs_in_flight == 0
+        """Nothing in flight in this process (what a drain waits for)."""
+        return self.own_seqs == 0
 
     def _reject(self, message: str) -> None:
         if self.on_reject is not None:

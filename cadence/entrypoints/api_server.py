@@ -3,6 +3,9 @@
     app = create_app(config, options)   the lifespan starts the engine core process
     serve(app, host, port)              uvicorn, with Cadence's signal handling (launcher.py)
 
+With several API processes (--api-server-count, api_servers.py) each runs this app beside an
+engine the supervisor started (`attach`), with the admission counts in shared memory.
+
 Life cycle: the lifespan starts the engine and a watcher. If the engine dies (or stalls past
 `--engine-stall-timeout`), in-flight requests fail at once, /health turns 503 and, a moment
 later, the server exits with code 1 so a supervisor restarts it. SIGTERM drains: new
@@ -25,8 +28,8 @@ from fastapi.responses import JSONResponse, Response
 
 import cadence
 from cadence.config import EngineConfig
-from cadence.engine.client import AsyncEngineClient
-from cadence.entrypoints.admission import Admission
+from cadence.engine.client import AsyncEngineClient, EngineAttachment
+from cadence.entrypoints.admission import Admission, SharedCounts
 from cadence.entrypoints.engine_view import install_engine_view
 from cadence.entrypoints.errors import APIError, install_error_handlers
 from cadence.entrypoints.guards import Guard
@@ -77,11 +80,20 @@ class ServerOptions:
     reasoning_parser: str | None = None  # thinking apart from the answer (entrypoints/reasoning)
     tool_call_parser: str = "auto"  # the format tool calls are read in (entrypoints/tool_parsers)
     lora_modules: tuple[LoRAModule, ...] = ()  # adapters served by name from the start
+    api_server_count: int = 1  # API processes serving this engine (api_servers.py)
 
 
-def create_app(config: EngineConfig, options: ServerOptions | None = None) -> FastAPI:
+def create_app(
+    config: EngineConfig,
+    options: ServerOptions | None = None,
+    attach: EngineAttachment | None = None,
+    counts: SharedCounts | None = None,
+) -> FastAPI:
+    """`attach`: the engine core another process started (None: this app starts its own);
+    `counts`: the admission counts shared by the API processes."""
     opts = options or ServerOptions()
-    state: dict = {"draining": False, "exit_code": 0}
+    lead = attach is None or attach.client_index == 0  # records the engine's stats
+    state: dict = {"draining": False, "exit_code": 0, "api_server_count": opts.api_server_count}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -94,9 +106,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         tokenizer = None
         if not config.model.skip_tokenizer_init:
             tokenizer = await asyncio.to_thread(load_tokenizer, config.model.tokenizer or path)
-        metrics = ServerMetrics(name)
+        metrics = ServerMetrics(name, lead=lead)
         client = AsyncEngineClient(
-            config, tokenizer, metrics, stall_timeout=opts.engine_stall_timeout
+            config, tokenizer, metrics, stall_timeout=opts.engine_stall_timeout, attach=attach
         )
         client.on_stats = metrics.update_engine_stats
         ready = await client.start()
@@ -105,6 +117,7 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             opts.max_num_waiting,
             opts.max_queued_prompt_tokens or 64 * ready.max_model_len,
             on_reject=lambda: metrics.rejected.labels(name).inc(),
+            counts=counts,
         )
         prompts = await asyncio.to_thread(PromptBuilder, tokenizer, ready.max_model_len)
         transfers = TransferAuthority(config.kv_transfer_secret)
@@ -141,10 +154,9 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
             ready.max_model_len,
             ready.num_blocks,
         )
-        tasks = [
-            asyncio.create_task(_log_stats(client, metrics, name)),
-            asyncio.create_task(_exit_when_engine_dies(client, state)),
-        ]
+        tasks = [asyncio.create_task(_exit_when_engine_dies(client, state))]
+        if lead:
+            tasks.append(asyncio.create_task(_log_stats(client, metrics)))
         try:
             yield
         finally:
@@ -174,15 +186,13 @@ def create_app(config: EngineConfig, options: ServerOptions | None = None) -> Fa
         client: AsyncEngineClient | None = state.get("client")
         if admission is not None and client is not None:
             logger.info(
-                "draining: %d sequences in flight, up to %.0f s",
-                admission.seqs_in_flight,
-                timeout_s,
+                "draining: %d sequences in flight, up to %.0f s", admission.own_seqs, timeout_s
             )
             deadline = time.monotonic() + timeout_s
             while not admission.idle and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             if not admission.idle:
-                logger.warning("drain timed out: aborting %d sequences", admission.seqs_in_flight)
+                logger.warning("drain timed out: aborting %d sequences", admission.own_seqs)
                 await client.abort_all()
                 deadline = time.monotonic() + 2.0  # let their last chunks go out
                 while not admission.idle and time.monotonic() < deadline:
@@ -340,14 +350,18 @@ async def _exit_when_engine_dies(client: AsyncEngineClient, state: dict) -> None
         server.should_exit = True
 
 
-async def _log_stats(client: AsyncEngineClient, metrics: ServerMetrics, name: str) -> None:
-    """A line every few seconds while busy: throughput, running / waiting, KV usage."""
-    gen = metrics.generation_tokens.labels(name)
-    prompt = metrics.prompt_tokens.labels(name)
-    last_gen, last_prompt, last_t = gen._value.get(), prompt._value.get(), time.monotonic()
+async def _log_stats(client: AsyncEngineClient, metrics: ServerMetrics) -> None:
+    """A line every few seconds while busy: throughput, running / waiting, KV usage (the
+    whole server's: every API process's tokens)."""
+
+    def tokens() -> tuple[float, float]:
+        m = metrics.samples()
+        return m.get("cadence:generation_tokens_total", 0), m.get("cadence:prompt_tokens_total", 0)
+
+    (last_gen, last_prompt), last_t = tokens(), time.monotonic()
     while True:
         await asyncio.sleep(LOG_EVERY_S)
-        g, p, t = gen._value.get(), prompt._value.get(), time.monotonic()
+        (g, p), t = tokens(), time.monotonic()
         s = client.stats
         if g != last_gen or p != last_prompt or s.num_running or s.num_waiting:
             dt = t - last_t

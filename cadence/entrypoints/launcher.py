@@ -1,6 +1,8 @@
 """Running the app under uvicorn with Cadence's own signal handling.
 
     exit_code = serve(app, host, port, shutdown_timeout)
+    exit_code = serve(app, host, port, shutdown_timeout, sock)   on a socket bound elsewhere
+                                                                 (one of several API processes)
 
 SIGTERM drains (see api_server.py): no new requests, running ones finish within
 `shutdown_timeout` seconds, the rest are aborted, exit code 0. SIGINT (Ctrl-C) aborts what
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 
 import uvicorn
 from fastapi import FastAPI
@@ -51,10 +54,16 @@ class _Server(uvicorn.Server):
         self._drain_task = asyncio.ensure_future(self.app_state["drain"](timeout))
 
 
-def serve(app: FastAPI, host: str, port: int, shutdown_timeout: float = 30.0) -> int:
+def serve(
+    app: FastAPI,
+    host: str,
+    port: int,
+    shutdown_timeout: float = 30.0,
+    sock: socket.socket | None = None,
+) -> int:
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
     )
     server = _Server(config, app, shutdown_timeout)
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
     return int(app.state.cadence.get("exit_code", 0))

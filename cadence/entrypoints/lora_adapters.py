@@ -153,14 +153,26 @@ class LoRAAdapters:
 def install_lora_routes(app: FastAPI, state: dict) -> None:
     """The run-time load and unload endpoints (admin paths: guards.ADMIN_PATHS)."""
 
+    def one_process() -> None:
+        # (each API process keeps its own table of names: a load through one would not be
+        # seen by the others)
+        if state.get("api_server_count", 1) > 1:
+            raise APIError(
+                "adapters cannot be loaded or unloaded at run time with several API processes "
+                "(--api-server-count): name them with --lora-modules",
+                param="lora_name",
+            )
+
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(req: LoadLoRARequest):
+        one_process()
         adapters: LoRAAdapters = state["adapters"]
         await adapters.load(req.lora_name, req.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(req: UnloadLoRARequest):
+        one_process()
         adapters: LoRAAdapters = state["adapters"]
         adapters.unload(req.lora_name)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")

@@ -52,3 +52,38 @@ def test_rejections_are_counted():
     with adm.admit(1, [1]), pytest.raises(QueueFull), adm.admit(1, [1]):
         pass
     assert rejected == [1]
+
+
+def _hold_in_other_process(counts, admitted, release) -> None:
+    adm = Admission(4, 0, 1000, counts=counts)
+    with adm.admit(3, [500]):
+        admitted.set()
+        release.wait(30)
+
+
+def test_the_bounds_hold_across_api_processes():
+    """Several API processes (--api-server-count) share the counts: what one holds, the
+    others cannot take; each drains only its own."""
+    import multiprocessing as mp
+
+    from cadence.entrypoints.admission import SharedCounts
+
+    spawn = mp.get_context("spawn")
+    counts = SharedCounts(spawn)
+    admitted, release = spawn.Event(), spawn.Event()
+    other = spawn.Process(target=_hold_in_other_process, args=(counts, admitted, release))
+    other.start()
+    try:
+        assert admitted.wait(60)
+        here = Admission(4, 0, 1000, counts=counts)
+        assert here.seqs_in_flight == 3 and here.queued_prompt_tokens == 500
+        assert here.idle, "this process holds nothing: its drain does not wait for the other"
+        with pytest.raises(QueueFull), here.admit(2, [1]):
+            pass
+        with here.admit(1, [1]):
+            assert here.seqs_in_flight == 4 and not here.idle
+    finally:
+        release.set()
+        other.join(30)
+    assert other.exitcode == 0
+    assert here.seqs_in_flight == 0 and here.queued_prompt_tokens == 0

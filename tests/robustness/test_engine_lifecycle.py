@@ -28,6 +28,7 @@ from cadence.config import EngineConfig
 from cadence.core.scheduler_output import SchedulerStats
 from cadence.engine import protocol as P
 from cadence.engine.core_proc import EngineExit, EngineLoop, make_outbox, send_or_exit
+from cadence.engine.fanout import OutputFanout
 from cadence.engine.step_timeline import StepTimeline
 from cadence.structured.manager import GrammarStats
 
@@ -177,7 +178,7 @@ def test_a_busy_engine_with_nothing_to_report_still_sends_a_heartbeat(tmp_path):
     inbox.connect(addr_in)
     outbox = make_outbox(ctx, addr_out)
     # In this process the loop's "parent" is the test runner's parent.
-    loop = EngineLoop(SilentCore(), inbox, outbox, os.getppid())
+    loop = EngineLoop(SilentCore(), inbox, OutputFanout([outbox]), os.getppid())
     codes: list[int] = []
     t = threading.Thread(target=lambda: codes.append(loop.run()))
     t.start()
@@ -211,7 +212,7 @@ def test_a_send_the_server_never_takes_ends_the_engine_instead_of_blocking(tmp_p
     try:
         with pytest.raises(EngineExit) as exc:
             for _ in range(1_000_000):  # the queue and buffers fill, then a send times out
-                send_or_exit(outbox, frame)
+                send_or_exit(OutputFanout([outbox]).broadcast, frame)
         assert exc.value.code == 1
         assert time.monotonic() - t0 < 30
     finally:
