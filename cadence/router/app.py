@@ -1,7 +1,8 @@
 """The router's HTTP side: one OpenAI-compatible address in front of several replicas.
 
     POST /v1/completions, /v1/chat/completions   routed (policies.py), body passed through,
-         /v1/responses, /v1/messages,            SSE streamed through as it arrives
+         /v1/responses, /v1/messages,            SSE streamed through as it arrives (aiohttp,
+                                                 one connection pool per replica)
          /v1/embeddings
                                                  (disaggregated prefill: completions and
                                                  chat only)
@@ -31,6 +32,7 @@ import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import aiohttp
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -241,7 +243,6 @@ def create_router_app(
         keys, num_tokens = await asyncio.to_thread(keys_for, path, body)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         headers["content-type"] = "application/json"
-        replicas: ReplicaSet = state["replicas"]
         if state["prefill"] is not None and path in DISAGG_PATHS and _single_prompt(body):
 
             def route_prefill(tried: set[int]):
@@ -273,19 +274,22 @@ def create_router_app(
                 return error("no replica is available", 503, path=path)
             r = choice.replica
             tried.add(r.index)
-            upstream = replicas.http.build_request(
-                "POST", r.url + path, content=raw, headers=headers
-            )
             r.in_flight += 1
             r.sent_since_poll += 1
             try:
-                resp = await until_stopped(replicas.http.send(upstream, stream=True), request, r)
-            except (httpx.ReadTimeout, httpx.WriteTimeout) as e:  # taken, never answered
+                upstream = r.session.post(r.url + path, data=raw, headers=headers)
+                resp = await until_stopped(upstream, request, r)
+            except aiohttp.ConnectionTimeoutError as e:  # never reached: go elsewhere
+                r.in_flight -= 1
+                metrics.errors.labels(r.url, "unreachable").inc()
+                r.mark_down(f"{type(e).__name__}: {e}")
+                continue
+            except TimeoutError as e:  # taken, never answered (aiohttp's timeouts are these)
                 r.in_flight -= 1
                 metrics.errors.labels(r.url, "timeout").inc()
                 r.mark_down(f"{type(e).__name__}: {e}")
                 return error(f"replica {r.url} did not answer in time", 504, "timeout_error", path)
-            except httpx.TransportError as e:  # nothing was sent back: safe to go elsewhere
+            except aiohttp.ClientError as e:  # nothing was sent back: safe to go elsewhere
                 r.in_flight -= 1
                 metrics.errors.labels(r.url, "unreachable").inc()
                 r.mark_down(f"{type(e).__name__}: {e}")
@@ -301,21 +305,21 @@ def create_router_app(
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
         if resp.headers.get("content-type", "").startswith("text/event-stream"):
             return StreamingResponse(
-                relay(resp, r, metrics, path), status_code=resp.status_code, headers=out_headers
+                relay(resp, r, metrics, path), status_code=resp.status, headers=out_headers
             )
         try:
-            content = await until_stopped(resp.aread(), request, r)
+            content = await until_stopped(resp.read(), request, r)
         except ClientGone:
             return Response(status_code=499)
-        except (httpx.HTTPError, ReplicaGone) as e:
+        except (aiohttp.ClientError, TimeoutError, ReplicaGone) as e:
             metrics.errors.labels(r.url, "broken").inc()
             r.mark_down(f"{type(e).__name__}: {e}")
             why = f"replica {r.url} failed while answering: {type(e).__name__}"
             return error(why, 502, path=path)
         finally:
             r.in_flight -= 1
-            await resp.aclose()
-        return Response(content, status_code=resp.status_code, headers=out_headers)
+            resp.release()
+        return Response(content, status_code=resp.status, headers=out_headers)
 
     @app.post("/v1/completions")
     async def completions(request: Request):

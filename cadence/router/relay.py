@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 from fastapi import Request
 
 from cadence.entrypoints.errors import APIError
@@ -62,16 +62,18 @@ def sse_error(message: str, path: str) -> bytes:
     return error_events(path)(APIError(message, 502, "service_unavailable")).encode()
 
 
-async def relay(resp: httpx.Response, replica, metrics, path: str):
+async def relay(resp: aiohttp.ClientResponse, replica, metrics, path: str):
     """The replica's SSE bytes as they come; a break mid-stream (or the router giving up
     on the replica) ends the client's stream with an error event (the request is not
     retried: tokens may have gone out). A client that leaves stops the iteration, and the
     `finally` closes the upstream connection."""
     watch = asyncio.ensure_future(_close_when_gone(resp, replica))
+    whole = False
     try:
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.content.iter_any():  # the bytes as they came, unparsed
             yield chunk
-    except httpx.HTTPError as e:
+        whole = True
+    except (aiohttp.ClientError, TimeoutError) as e:
         if replica.gone.is_set():
             why = "stopped answering"
         else:
@@ -82,9 +84,11 @@ async def relay(resp: httpx.Response, replica, metrics, path: str):
     finally:
         watch.cancel()
         replica.in_flight -= 1
-        await resp.aclose()
+        # A whole answer leaves the connection to the pool; one cut short closes it, which
+        # the replica takes for a hang-up.
+        resp.release() if whole else resp.close()
 
 
-async def _close_when_gone(resp: httpx.Response, replica) -> None:
+async def _close_when_gone(resp: aiohttp.ClientResponse, replica) -> None:
     await replica.gone.wait()
-    await resp.aclose()  # the relay's read then fails: it ends the stream
+    resp.close()  # the relay's read then fails: it ends the stream
