@@ -8,7 +8,9 @@
                                                  chat only)
     GET  /v1/models                              a healthy replica's answer
     GET  /health                                 200 while any replica is in rotation
-    GET  /metrics                                the router's own counters (cadence:router_*)
+    GET  /metrics                                the router's own counters (cadence:router_*),
+                                                 then the replicas' series (views.py)
+    GET  /v1/engine/*, /, /ui/...                the replicas' engine view and the web app
     GET  /v1/router/replicas                     each replica: health, load, index size
 
 The door is the API server's (entrypoints/guards.py): with `--api-key` every route but
@@ -45,6 +47,7 @@ from cadence.router.policies import Choice, make_policy
 from cadence.router.prefix_index import chunk_keys
 from cadence.router.relay import ClientGone, ReplicaGone, relay, until_stopped
 from cadence.router.replicas import ReplicaSet
+from cadence.router.views import install_replica_views
 
 logger = logging.getLogger("cadence.router")
 
@@ -385,12 +388,13 @@ def create_router_app(
             ],
         }
 
-    @app.get("/metrics")
-    async def router_metrics():
+    def router_metrics() -> bytes:
         for r in state["replicas"].replicas:
             metrics.healthy.labels(r.url).set(1 if r.healthy else 0)
             metrics.load.labels(r.url).set(r.load)
-        return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+        return generate_latest(metrics.registry)
+
+    install_replica_views(app, state, router_metrics)  # /metrics, /v1/engine/*, the web app
 
     app.state.router = state
     return app

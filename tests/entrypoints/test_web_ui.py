@@ -8,60 +8,27 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from browser_helper import browser_page, read_int, wait_until
 from server_helper import API_KEY
 
 pytestmark = pytest.mark.slow  # starts servers of its own (make test-fast skips it)
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SHOTS = Path(
     os.environ.get("CADENCE_SCREENSHOT_DIR", Path(__file__).parents[2] / "build" / "screenshots")
 )
-# The flags a locked-down machine needs: no sandbox as root, and no background calls home.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-]
 
 
 @pytest.fixture(scope="module")
 def page(server):
-    if CHROMIUM is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs Debian's chromium for the web UI test (make test installs it)")
-        pytest.skip("Debian's chromium is not installed (`make test` installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        # The page runs under its own Content Security Policy (no eval: waits poll from here).
-        pg = browser.new_page(viewport={"width": 1440, "height": 900})
-        pg.urls, pg.errors = [], []
-        pg.on("request", lambda r: pg.urls.append(r.url))
-        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-        pg.on("console", lambda m: m.type == "error" and pg.errors.append(m.text))
-        pg.goto(server.url + "/")
+    with browser_page(server.url + "/") as pg:
         yield pg
-        browser.close()
-
-
-def wait_until(page, condition, timeout_s: float = 60.0, what: str = "") -> None:
-    """Poll `condition()` (Python, reading the page) until it holds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
-        page.wait_for_timeout(50)
 
 
 def test_the_page_asks_for_the_key_then_chats_with_streaming(page, server):
@@ -112,11 +79,6 @@ def test_a_json_schema_constrains_the_answer(page):
     page.reload()
     page.wait_for_selector("#conversations li")
     assert len(page.query_selector_all("#conversations li")) == 2
-
-
-def read_int(page, selector: str) -> int:
-    text = page.inner_text(selector).replace(",", "").strip()
-    return int(text) if text.isdigit() else -1
 
 
 def test_the_engine_view_moves_under_load(page, server):

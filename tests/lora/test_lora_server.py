@@ -149,20 +149,10 @@ def test_a_bad_adapter_at_start_stops_the_server(setup, tmp_path):
 
 def test_the_web_chat_picks_an_adapter(setup):
     """The web UI lists the adapters beside the base model; the chat asks the one picked."""
-    import shutil
+    from browser_helper import browser_page
 
     srv, _, _ = setup
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs Debian's chromium for the web UI test (make test installs it)")
-        pytest.skip("Debian's chromium is not installed (`make test` installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as pw:
-        args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-        browser = pw.chromium.launch(executable_path=chromium, args=args)
-        page = browser.new_page()
-        page.goto(srv.url + "/")
+    with browser_page(srv.url + "/") as page:
         page.wait_for_selector("#api-key-dialog[open]", timeout=10_000)
         page.fill("#api-key-input", USER)
         page.click("#api-key-save")
@@ -175,4 +165,3 @@ def test_the_web_chat_picks_an_adapter(setup):
         page.press("#chat-input", "Enter")
         page.wait_for_selector(".msg.assistant .meta", timeout=60_000)
         assert page.inner_text(".msg.assistant .role") == "qv8"
-        browser.close()

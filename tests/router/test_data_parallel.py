@@ -106,6 +106,78 @@ def test_cache_aware_keeps_a_prefix_on_one_replica(dp):
     assert 'cadence:router_decisions_total{reason="cache_hit"} 9.0' in decisions
 
 
+def samples(text: str, name: str) -> dict[str, float]:
+    """name's lines of an exposition text: the replica label's value -> the value, summed
+    over the other labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            replica = line.split('replica="', 1)[1].split('"', 1)[0] if "replica=" in line else ""
+            out[replica] = out.get(replica, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_the_dp_server_shows_its_replicas_metrics_summed_and_per_replica(dp):
+    srv, urls = dp
+    for p in make_prompts(512, [5, 9, 14, 21], seed=3):
+        complete(srv.url, p, 6)
+    text = httpx.get(srv.url + "/metrics").text
+    assert "cadence:router_requests_total" in text  # the router's own, still there
+    for name in ("cadence:generation_tokens_total", "cadence:request_success_total",
+                 "cadence:prefix_cache_queries_total", "cadence:time_to_first_token_seconds_count"):  # fmt: skip
+        seen = samples(text, name)
+        direct = [metric(httpx.Client(base_url=u), name) for u in urls]
+        assert [seen[u] for u in urls] == direct, name
+        assert seen["all"] == sum(direct), name
+    usage = samples(text, "cadence:kv_cache_usage_perc")
+    assert 0 <= usage["all"] <= 1, "a fraction is averaged, not summed"
+
+
+def test_the_dp_server_shows_the_engine_view_and_the_web_app(dp):
+    srv, urls = dp
+    complete(srv.url, make_prompts(512, [7], seed=5)[0], 4)
+    own = [httpx.get(u + "/v1/engine/stats").json() for u in urls]
+    summed = httpx.get(srv.url + "/v1/engine/stats").json()
+    assert summed["replicas"] == urls
+    assert summed["requests"]["finished"] == sum(o["requests"]["finished"] for o in own)
+    assert summed["kv_cache"]["num_blocks"] == sum(o["kv_cache"]["num_blocks"] for o in own)
+    one = httpx.get(srv.url + "/v1/engine/stats", params={"replica": 1}).json()
+    assert one["requests"]["finished"] == own[1]["requests"]["finished"] and "replicas" not in one
+    steps = httpx.get(srv.url + "/v1/engine/steps", params={"replica": 1, "limit": 3}).json()
+    assert steps["num_steps"] == httpx.get(urls[1] + "/v1/engine/steps").json()["num_steps"]
+    table = httpx.get(srv.url + "/v1/engine/requests", params={"replica": 0}).json()
+    assert "requests" in table
+    for bad in ("2", "-1", "x"):
+        r = httpx.get(srv.url + "/v1/engine/steps", params={"replica": bad})
+        assert r.status_code == 400 and "replica must be" in r.json()["error"]["message"]
+    page = httpx.get(srv.url + "/")
+    assert page.status_code == 200 and "/ui/engine.js" in page.text
+    assert httpx.get(srv.url + "/ui/engine.js").status_code == 200
+
+
+def test_the_web_apps_engine_view_shows_each_replica_through_the_router(dp):
+    """In Chromium, as a user opens it: the engine view offers the replicas and shows the
+    one picked (its step count, not the other's)."""
+    from browser_helper import browser_page, read_int, wait_until
+
+    srv, urls = dp
+    for i, u in enumerate(urls):  # different step counts on the two replicas
+        for p in make_prompts(512, [4] * (1 + 3 * i), seed=20 + i):
+            complete(u, p, 3)
+    steps = [httpx.get(u + "/v1/engine/stats").json()["num_steps"] for u in urls]
+    assert steps[0] != steps[1]
+    with browser_page(srv.url + "/") as page:
+        page.click("#tab-engine")
+        pick = page.wait_for_selector("#replica-pick", timeout=20_000)
+        options = [o.inner_text() for o in pick.query_selector_all("option")]
+        assert options == [f"replica {i} ({u})" for i, u in enumerate(urls)]
+        wait_until(page, lambda: read_int(page, "#stat-steps") == steps[0], what="replica 0")
+        page.select_option("#replica-pick", "1")
+        wait_until(page, lambda: read_int(page, "#stat-steps") == steps[1], what="replica 1")
+        assert not page.errors, page.errors
+        assert all(u.startswith(srv.url + "/") for u in page.urls), "only the router is asked"
+
+
 def test_a_replica_killed_mid_stream_fails_its_stream_and_the_router_serves_on(dp):
     srv, urls = dp
     body = {"prompt": [5, 6, 7], "max_tokens": 500, "ignore_eos": True, "stream": True}

@@ -1,4 +1,5 @@
 // The engine view: polls /v1/engine/stats, /steps and /requests once a second while shown.
+// Behind a router (cadence serve -dp N), a picker shows one replica's engine at a time.
 "use strict";
 
 (() => {
@@ -14,6 +15,7 @@
   let steps = []; // recent step records, oldest first
   let lastStepId = 0;
   let timer = null;
+  let replica = null; // behind a router: the index of the replica shown (else null)
 
   function makeCharts() {
     const C = Charts.COLORS;
@@ -144,12 +146,42 @@
     }
   }
 
+  // A router answers /v1/router/replicas: then offer its replicas, one at a time.
+  async function findReplicas() {
+    let answer;
+    try {
+      answer = await Cadence.json("/v1/router/replicas");
+    } catch (_) {
+      return; // a server on its own
+    }
+    const pick = document.createElement("select");
+    pick.id = "replica-pick";
+    pick.title = "the replica whose engine is shown";
+    answer.replicas.forEach((r, i) => {
+      const opt = document.createElement("option");
+      opt.value = String(i);
+      opt.textContent = `replica ${i} (${r.url})`;
+      pick.appendChild(opt);
+    });
+    pick.addEventListener("change", () => {
+      replica = Number(pick.value);
+      previous = null; // another engine: its own counters and steps from the start
+      steps = [];
+      lastStepId = 0;
+      charts = makeCharts();
+      poll();
+    });
+    replica = 0;
+    $("view-engine").prepend(pick);
+  }
+
   async function poll() {
+    const on = replica === null ? "" : `replica=${replica}&`;
     try {
       const [stats, stepAnswer, reqs] = await Promise.all([
-        Cadence.json("/v1/engine/stats"),
-        Cadence.json(`/v1/engine/steps?since=${lastStepId}&limit=${KEEP_STEPS}`),
-        Cadence.json("/v1/engine/requests?limit=100"),
+        Cadence.json(`/v1/engine/stats?${on}`),
+        Cadence.json(`/v1/engine/steps?${on}since=${lastStepId}&limit=${KEEP_STEPS}`),
+        Cadence.json(`/v1/engine/requests?${on}limit=100`),
       ]);
       showStats(stats);
       showSteps(stepAnswer);
@@ -184,7 +216,11 @@
     }
   }
 
+  let replicasAsked = null;
+
   async function start() {
+    if (!replicasAsked) replicasAsked = findReplicas();
+    await replicasAsked;
     if (!charts) charts = makeCharts();
     if (!active()) return;
     await poll();
