@@ -244,6 +244,8 @@ class EngineLoop:
                 self._send(updates)
                 if timeline.num_steps != steps_before:  # the step's outputs include the send
                     timeline.add_output_time(time.perf_counter() - t_send)
+                if not self.core.has_unfinished_requests():
+                    self.fanout.flush()  # the last stats, to every API process
                 if busy:
                     self._trimmer.worked()
                 self._trimmer.tick()

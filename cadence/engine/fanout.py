@@ -9,18 +9,22 @@
 With one API process everything goes down its socket as it is: one message per step, no
 bookkeeping. With several, a step's updates and errors are grouped by owner and each owner
 gets one message (one wake-up per step, whatever the number of its requests); every message
-carries the stats. A process that owns nothing in the step still gets the stats, but sent
-without waiting: a process that already left (its drain ended sooner than another's) must
-not stall the engine, and stats lost on the way are replaced by the next message.
+carries the stats. A process that owns nothing in the step gets the stats alone, at most
+every STATS_EVERY_S (its engine view and gauges stay fresh without a message per step), and
+sent without waiting: a process that already left (its drain ended sooner than another's)
+must not stall the engine, and stats lost on the way are replaced by the next message.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import zmq
 
 from cadence.engine import protocol as P
+
+STATS_EVERY_S = 0.05  # the longest a process waits for fresh stats while the engine steps
 
 
 class SendTimeout(Exception):
@@ -41,6 +45,8 @@ class OutputFanout:
             raise ValueError("the engine needs at least one API process to send to")
         self.outboxes = outboxes
         self.owner: dict[str, int] = {}  # request (sample) id -> its API process's index
+        self._stats_sent = [0.0] * len(outboxes)  # time.monotonic() of each one's last
+        self._held: list[bytes | None] = [None] * len(outboxes)  # stats not sent yet
 
     @property
     def single(self) -> bool:
@@ -80,10 +86,26 @@ class OutputFanout:
             parts[owner.pop(rid, 0)].errors.append((rid, message))
         for rid, message in out.step_errors:
             parts[owner.pop(rid, 0)].step_errors.append((rid, message))
-        for outbox, part in zip(self.outboxes, parts):
+        now = time.monotonic()
+        for i, (outbox, part) in enumerate(zip(self.outboxes, parts)):
             frame = P.encoder.encode(part)
             if part.updates or part.errors or part.step_errors:
                 send(outbox, frame)
-            else:
+            elif now - self._stats_sent[i] >= STATS_EVERY_S:
                 with contextlib.suppress(zmq.Again):
                     outbox.send(frame, zmq.NOBLOCK)
+            else:
+                self._held[i] = frame  # (the latest: flush() sends it if nothing follows)
+                continue
+            self._stats_sent[i] = now
+            self._held[i] = None
+
+    def flush(self) -> None:
+        """Send the stats held back from a process (the engine is going idle: no later
+        message would bring them)."""
+        for i, frame in enumerate(self._held):
+            if frame is not None:
+                with contextlib.suppress(zmq.Again):
+                    self.outboxes[i].send(frame, zmq.NOBLOCK)
+                self._held[i] = None
+                self._stats_sent[i] = time.monotonic()

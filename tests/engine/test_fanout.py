@@ -105,3 +105,25 @@ def test_stats_for_a_process_that_left_never_block_the_engine(tmp_path):
         for s in [live, *outboxes]:
             s.close(linger=0)
         ctx.term()
+
+
+def test_a_process_with_nothing_in_a_step_gets_stats_at_most_every_interval_and_the_last_ones(
+    sockets, monkeypatch
+):
+    """Several steps in a row: the owner gets each; the others get the stats at most every
+    STATS_EVERY_S, and flush() (the engine going idle) brings them the latest."""
+    monkeypatch.setattr("cadence.engine.fanout.STATS_EVERY_S", 60.0)  # (a slow machine's gaps)
+    fanout, pulls = sockets
+    fanout.own("a", 0)
+    for step in range(5):
+        fanout.send(
+            P.EngineCoreOutputs(
+                updates=[RequestUpdate("a", [step])], stats=P.EngineStats(num_running=step)
+            )
+        )
+    assert [received(pulls[0]).stats.num_running for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert received(pulls[1]).stats.num_running == 0
+    assert not pulls[1].poll(50), "the steps right after: held back"
+    fanout.flush()
+    assert received(pulls[1]).stats.num_running == 4, "the latest, once the engine idles"
+    assert received(pulls[2]).stats.num_running == 0 and received(pulls[2]).stats.num_running == 4

@@ -64,6 +64,10 @@
 
     setText("stat-running", fmt(r.running));
     setText("stat-waiting", fmt(r.waiting));
+    // Admitted but not in the engine yet (tokenizing, or sent while a step runs): under load
+    // this is where new requests are before the engine's counts move.
+    const beforeEngine = r.in_flight - r.running - r.waiting;
+    setText("stat-waiting-sub", beforeEngine > 0 ? `+${fmt(beforeEngine)} before the engine` : "");
     setText("stat-preempted", fmt(r.preempted));
     setText("stat-preemptions", `${fmt(s.preemptions)} preemptions since start`);
     setText("stat-kv", `${fmt(100 * kv.usage, 1)} %`);
@@ -146,46 +150,68 @@
     }
   }
 
-  // A router answers /v1/router/replicas: then offer its replicas, one at a time.
-  async function findReplicas() {
-    let answer;
-    try {
-      answer = await Cadence.json("/v1/router/replicas");
-    } catch (_) {
-      return; // a server on its own
-    }
+  // Behind a router the summed stats name the replicas: then offer them, one at a time.
+  function pickReplicas(urls) {
     const pick = document.createElement("select");
     pick.id = "replica-pick";
     pick.title = "the replica whose engine is shown";
-    answer.replicas.forEach((r, i) => {
+    urls.forEach((url, i) => {
       const opt = document.createElement("option");
       opt.value = String(i);
-      opt.textContent = `replica ${i} (${r.url})`;
+      opt.textContent = `replica ${i} (${url})`;
       pick.appendChild(opt);
     });
-    pick.addEventListener("change", () => {
-      replica = Number(pick.value);
+    const show = (i) => {
+      replica = i;
+      shown += 1;
       previous = null; // another engine: its own counters and steps from the start
       steps = [];
       lastStepId = 0;
       charts = makeCharts();
+    };
+    pick.addEventListener("change", () => {
+      show(Number(pick.value));
       poll();
     });
-    replica = 0;
     $("view-engine").prepend(pick);
+    show(0);
+  }
+
+  // The stats come from the API server's copy (fresh with every engine message): they are
+  // read every second, whatever the engine is doing. Steps and requests are answered by the
+  // engine between two steps, so during a long step they wait: one such pair of calls at a
+  // time, shown when it comes, never holding the stats back.
+  let engineCalls = null;
+  let shown = 0; // bumped when another replica is picked: late answers of the old one are dropped
+
+  function askEngine(on) {
+    if (engineCalls) return;
+    const asked = shown;
+    engineCalls = Promise.all([
+      Cadence.json(`/v1/engine/steps?${on}since=${lastStepId}&limit=${KEEP_STEPS}`),
+      Cadence.json(`/v1/engine/requests?${on}limit=100`),
+    ])
+      .then(([stepAnswer, reqs]) => {
+        if (asked !== shown) return;
+        showSteps(stepAnswer);
+        showRequests(reqs);
+      })
+      .catch((e) => setText("stat-steps-sub", "⚠ " + e.message))
+      .finally(() => {
+        engineCalls = null;
+      });
   }
 
   async function poll() {
     const on = replica === null ? "" : `replica=${replica}&`;
+    askEngine(on);
     try {
-      const [stats, stepAnswer, reqs] = await Promise.all([
-        Cadence.json(`/v1/engine/stats?${on}`),
-        Cadence.json(`/v1/engine/steps?${on}since=${lastStepId}&limit=${KEEP_STEPS}`),
-        Cadence.json(`/v1/engine/requests?${on}limit=100`),
-      ]);
+      const stats = await Cadence.json(`/v1/engine/stats?${on}`);
+      if (replica === null && stats.replicas) {
+        pickReplicas(stats.replicas);
+        return; // (the next poll reads replica 0)
+      }
       showStats(stats);
-      showSteps(stepAnswer);
-      showRequests(reqs);
       for (const c of [charts.requests, charts.kv, charts.tokens, charts.hits]) c.draw();
     } catch (e) {
       setText("stat-steps-sub", "⚠ " + e.message);
@@ -216,11 +242,7 @@
     }
   }
 
-  let replicasAsked = null;
-
   async function start() {
-    if (!replicasAsked) replicasAsked = findReplicas();
-    await replicasAsked;
     if (!charts) charts = makeCharts();
     if (!active()) return;
     await poll();
