@@ -23,6 +23,8 @@ from contextlib import contextmanager
 
 from cadence.entrypoints.errors import APIError, QueueFull
 
+LOCK_TIMEOUT_S = 5.0  # the shared counts' lock: held microseconds by a live process
+
 
 class LocalCounts:
     """The counts of a server with one API process."""
@@ -59,8 +61,16 @@ class SharedCounts:
     def tokens(self, n: int) -> None:
         self._values[1] = n
 
+    @contextmanager
     def lock(self):
-        return self._lock
+        # A process killed inside the lock (a few microseconds of work) would hold it for
+        # ever: give up after a bound instead of freezing this process's event loop.
+        if not self._lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise RuntimeError("the admission counts stay locked: an API process died in them")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
 
 class Ticket:

@@ -37,6 +37,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 
 import zmq
 
@@ -51,6 +52,7 @@ from cadence.metrics import MULTIPROC_DIR_ENV
 logger = logging.getLogger("cadence.api")
 
 ENGINE_STOP_TIMEOUT_S = 15.0  # after SHUTDOWN, before the engine is terminated
+STOP_GRACE_S = 30.0  # beyond --shutdown-timeout, before an API process that stays is killed
 
 
 def default_api_server_count(device: str) -> int:
@@ -80,8 +82,12 @@ def run_api_servers(
     from cadence.loader.model_path import resolve_model_path
 
     count = options.api_server_count
+    try:
+        sock = bind_listener(host, port)
+    except OSError as e:  # (one line, as a single server says it: not a traceback)
+        logger.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
+        return 1
     config.model.model = resolve_model_path(config.model.model)  # once, before N processes
-    sock = bind_listener(host, port)
     workdir = tempfile.mkdtemp(prefix="cadence-")
     metrics_dir = os.path.join(workdir, "metrics")
     os.mkdir(metrics_dir)
@@ -134,7 +140,7 @@ def run_api_servers(
     sock.close()  # (the API processes hold it)
     logger.info("%d API processes, engine pid %d", count, engine.pid)
     try:
-        code = _supervise(apis)
+        code = _supervise(apis, shutdown_timeout)
     finally:
         _stop_engine(engine, control)
         control.close(linger=0)
@@ -143,13 +149,15 @@ def run_api_servers(
     return code
 
 
-def _supervise(apis: list) -> int:
-    """Wait for every API process; pass signals on; one leaving on its own ends them all."""
-    stopping = {"signal": None}
+def _supervise(apis: list, shutdown_timeout: float) -> int:
+    """Wait for every API process; pass signals on; one leaving on its own ends them all.
+    Those still there `shutdown_timeout` + STOP_GRACE_S after the stop began are killed."""
+    stopping = {"signal": None, "since": None}
 
     def on_signal(sig: int, frame) -> None:
         first = stopping["signal"] is None
         stopping["signal"] = sig
+        stopping["since"] = stopping["since"] or time.monotonic()
         logger.info("signal %d: stopping %d API processes", sig, len(apis))
         for p in apis:
             if p.is_alive():
@@ -160,6 +168,13 @@ def _supervise(apis: list) -> int:
     try:
         running = {p.sentinel: p for p in apis}
         while running:
+            since = stopping["since"]
+            if since is not None and time.monotonic() - since > shutdown_timeout + STOP_GRACE_S:
+                for p in running.values():
+                    logger.error("%s did not stop: killed", p.name)
+                    p.kill()
+                code = 1
+                stopping["since"] = time.monotonic()  # (the kills land within the next wait)
             for sentinel in mp.connection.wait(list(running), timeout=1.0):
                 p = running.pop(sentinel)
                 p.join()
@@ -168,6 +183,7 @@ def _supervise(apis: list) -> int:
                 if stopping["signal"] is None:
                     logger.error("%s exited (code %s): the server stops", p.name, p.exitcode)
                     stopping["signal"] = signal.SIGINT
+                    stopping["since"] = time.monotonic()
                     for other in running.values():
                         if other.is_alive():
                             os.kill(other.pid, signal.SIGINT)

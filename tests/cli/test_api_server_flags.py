@@ -28,3 +28,21 @@ def test_the_default_is_one_process_beside_a_cpu_engine(monkeypatch):
     assert default_api_server_count("cpu") == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU visible: auto means the CPU
     assert default_api_server_count("auto") == 1
+
+
+def test_a_busy_port_is_one_line_and_exit_code_1():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        run = subprocess.run(
+            [sys.executable, "-m", "cadence.cli.main", "serve", "--api-server-count", "2",
+             "--port", port, "--device", "cpu"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert run.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in run.stderr and "Traceback" not in run.stderr
