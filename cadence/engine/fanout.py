@@ -46,7 +46,7 @@ class OutputFanout:
         self.outboxes = outboxes
         self.owner: dict[str, int] = {}  # request (sample) id -> its API process's index
         self._stats_sent = [0.0] * len(outboxes)  # time.monotonic() of each one's last
-        self._held: list[bytes | None] = [None] * len(outboxes)  # stats not sent yet
+        self._held: list[P.EngineCoreOutputs | None] = [None] * len(outboxes)  # not sent yet
 
     @property
     def single(self) -> bool:
@@ -88,14 +88,14 @@ class OutputFanout:
             parts[owner.pop(rid, 0)].step_errors.append((rid, message))
         now = time.monotonic()
         for i, (outbox, part) in enumerate(zip(self.outboxes, parts)):
-            frame = P.encoder.encode(part)
             if part.updates or part.errors or part.step_errors:
-                send(outbox, frame)
+                send(outbox, P.encoder.encode(part))
             elif now - self._stats_sent[i] >= STATS_EVERY_S:
                 with contextlib.suppress(zmq.Again):
-                    outbox.send(frame, zmq.NOBLOCK)
+                    outbox.send(P.encoder.encode(part), zmq.NOBLOCK)
             else:
-                self._held[i] = frame  # (the latest: flush() sends it if nothing follows)
+                # (the latest, encoded only if flush() has to send it: most are replaced)
+                self._held[i] = part
                 continue
             self._stats_sent[i] = now
             self._held[i] = None
@@ -103,9 +103,9 @@ class OutputFanout:
     def flush(self) -> None:
         """Send the stats held back from a process (the engine is going idle: no later
         message would bring them)."""
-        for i, frame in enumerate(self._held):
-            if frame is not None:
+        for i, part in enumerate(self._held):
+            if part is not None:
                 with contextlib.suppress(zmq.Again):
-                    self.outboxes[i].send(frame, zmq.NOBLOCK)
+                    self.outboxes[i].send(P.encoder.encode(part), zmq.NOBLOCK)
                 self._held[i] = None
                 self._stats_sent[i] = time.monotonic()
