@@ -121,6 +121,72 @@ def serve(model: str, count: int, args) -> tuple[subprocess.Popen, str]:
     raise TimeoutError("the server did not start")
 
 
+def itl_tail(run: dict) -> dict:
+    """Where the long gaps between a stream's chunks (over 3x the median TPOT) fall: at
+    which of a request's chunks, and when in the run (seconds from its first request)."""
+    limit = 3 * run["summary"]["median_tpot_ms"] / 1e3
+    requests = [q for q in run["requests"] if q["success"]]
+    t0 = min((q["start_s"] for q in requests), default=0.0)
+    gaps, by_chunk, by_time = 0, {"1-8": 0, "9-64": 0, "65+": 0}, {}
+    for q in requests:
+        t = q["start_s"] + q["ttft_s"]
+        for i, gap in enumerate(q["itl_s"], start=1):
+            t += gap
+            gaps += 1
+            if gap <= limit:
+                continue
+            by_chunk["1-8" if i <= 8 else "9-64" if i <= 64 else "65+"] += 1
+            second = f"{int((t - t0) * 2) / 2:.1f}"
+            by_time[second] = by_time.get(second, 0) + 1
+    long = sum(by_chunk.values())
+    chunks = gaps + len(requests)
+    return {
+        "tokens_per_chunk": round(sum(q["output_tokens"] for q in requests) / max(1, chunks), 3),
+        "limit_ms": round(limit * 1e3, 2),
+        "long_gaps": long,
+        "long_gaps_pct": round(100 * long / max(1, gaps), 3),
+        "by_chunk": by_chunk,
+        "by_half_second": by_time,
+    }
+
+
+def last_step_id(url: str) -> int:
+    steps = httpx.get(url + "/v1/engine/steps?limit=1", timeout=30).json()["steps"]
+    return steps[-1]["id"] if steps else 0
+
+
+def step_summary(url: str, since: int) -> dict:
+    """The engine's steps since step `since` (its timeline): how long a step took with and
+    without prompt tokens in it, and the longest. A decoding stream's inter-token gap is at
+    least the step it waited for."""
+    steps = httpx.get(url + f"/v1/engine/steps?since={since}&limit=100000", timeout=60).json()
+    from cadence.engine.step_timeline import PHASES
+
+    steps = steps["steps"]
+
+    def ms(step: dict) -> float:
+        return sum(step[f"{p}_ms"] for p in PHASES)
+
+    def mean(xs: list[float]) -> float | None:
+        return round(sum(xs) / len(xs), 2) if xs else None
+
+    mixed = [ms(s) for s in steps if s["prefill_tokens"] and s["decode_seqs"]]
+    decode = [ms(s) for s in steps if not s["prefill_tokens"]]
+    every = sorted(ms(s) for s in steps)
+    return {
+        "steps": len(steps),
+        "steps_with_prefill_and_decodes": len(mixed),
+        "step_ms_p50": every[len(every) // 2] if every else None,
+        "step_ms_p99": every[int(len(every) * 0.99)] if every else None,
+        "step_ms_max": every[-1] if every else None,
+        "decode_step_ms_mean": mean(decode),
+        "mixed_step_ms_mean": mean(mixed),
+        "max_prefill_tokens_beside_decodes": max(
+            (s["prefill_tokens"] for s in steps if s["decode_seqs"]), default=0
+        ),
+    }
+
+
 def measure(url: str, pids: list[int], c: int, args) -> dict:
     n = args.num_prompts or max(8, 2 * c)
     out = os.path.join(args.work, "bench.json")
@@ -132,12 +198,14 @@ def measure(url: str, pids: list[int], c: int, args) -> dict:
     ]  # fmt: skip
     warm = [*bench, "--num-prompts", str(max(c, 4))]
     subprocess.run(warm, check=True, stdout=subprocess.DEVNULL)
+    step0 = last_step_id(url) if args.steps else 0
     cpu0, t0, client0 = api_cpu(pids), time.monotonic(), children_cpu()
     subprocess.run([*bench, "--num-prompts", str(n), "--save-json", out], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     cpu1, t1, client1 = api_cpu(pids), time.monotonic(), children_cpu()
     with open(out) as f:
-        s = json.load(f)["runs"][0]["summary"]
+        run = json.load(f)["runs"][0]
+    s = run["summary"]
     tokens = s["total_output_tokens"]
     return {
         "concurrency": c,
@@ -155,6 +223,8 @@ def measure(url: str, pids: list[int], c: int, args) -> dict:
         "itl_p50_ms": s.get("median_itl_ms"),
         "itl_p99_ms": s.get("p99_itl_ms"),
         "failed": s["failed"],
+        "itl_tail": itl_tail(run),
+        **({"engine_steps": step_summary(url, step0)} if args.steps else {}),
     }
 
 
@@ -168,6 +238,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--num-prompts", type=int, default=0, help="(default: 2 x concurrency, >= 8)")
     ap.add_argument("--endpoint", default="completions")
+    ap.add_argument("--steps", action="store_true", help="summarise the engine's steps too")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     args.work = tempfile.mkdtemp(prefix="api-cpu-")

@@ -9,6 +9,11 @@
 #                  each C: output tok/s, TTFT, TPOT, ITL, the API processes' CPU per token
 #   PARTS=router   one replica with and without `cadence router` in front (C=64): the
 #                  relay's added TTFT and ITL
+#   PARTS=dp1gpu   two replicas sharing the GPU behind `cadence router` (C=64 through it)
+#                  against the same two driven directly (C=32 each, at once)
+#   PARTS=cap      for each --max-prefill-tokens-while-decoding in CAPS: served at C=256
+#                  (2 API processes) with the engine's step times, and offline at C=256
+#                  and 256 x 1,024 -> 256 (the bound's cost where prefill dominates)
 # Results (JSON) and logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-h200-out}
@@ -34,9 +39,71 @@ if has offline; then
 fi
 
 if has served; then
-  python3 benchmarks/api_cpu.py --model $M --serve-args "$COMMON --log-level warning" \
-    --api-server-count "$COUNTS" --concurrency "$CONC" --json "$OUT/served.json" \
+  python3 benchmarks/api_cpu.py --model $M --serve-args "$COMMON --log-level warning \
+    --step-timeline-size 4096" \
+    --api-server-count "$COUNTS" --concurrency "$CONC" --steps --json "$OUT/served.json" \
     2>&1 | tee "$OUT/served.log"
+fi
+
+bench_line() {  # FILE LABEL: one line of a `bench serve --save-json` summary
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
+print(f"{sys.argv[2]}: {s['output_throughput']:.0f} tok/s, TTFT p50 {s['median_ttft_ms']:.1f} ms, "
+      f"ITL p50 {s['median_itl_ms']:.2f} p99 {s['p99_itl_ms']:.2f} ms, TPOT p50 {s['median_tpot_ms']:.2f} ms")
+PY
+}
+
+if has cap; then
+  CAPS=${CAPS:-0,2048,1024,512}
+  for cap in ${CAPS//,/ }; do
+    timeout 240 python3 benchmarks/api_cpu.py --model $M --api-server-count 2 --concurrency 256 \
+      --steps --serve-args "$COMMON --log-level warning --step-timeline-size 4096 \
+      --max-prefill-tokens-while-decoding $cap" 2>&1 | grep '^{' | sed "s/^/cap=$cap /" \
+      | tee -a "$OUT/cap_served.log"
+    "${CLI[@]}" bench throughput --model $M $COMMON --num-prompts 512 --input-len 128 \
+      --output-len 256 --max-num-seqs 256 --max-prefill-tokens-while-decoding $cap \
+      --log-level warning 2>&1 | grep -E "Throughput" | sed "s/^/offline c=256 cap=$cap: /" \
+      | tee -a "$OUT/cap_offline.log"
+    "${CLI[@]}" bench throughput --model $M $COMMON --num-prompts 256 --input-len 1024 \
+      --output-len 256 --max-prefill-tokens-while-decoding $cap --log-level warning 2>&1 \
+      | grep -E "Throughput" | sed "s/^/offline 256x1024 cap=$cap: /" | tee -a "$OUT/cap_offline.log"
+  done
+fi
+
+if has dp1gpu; then
+  # The pool's share counts every process's use of the GPU: the second replica's 0.85 of
+  # the device leaves it what the first (0.42) did not take.
+  util=0.42
+  for port in 8611 8612; do
+    "${CLI[@]}" serve $M $COMMON --port $port --gpu-memory-utilization $util \
+      --log-level warning > "$OUT/replica_$port.log" 2>&1 &
+    for _ in $(seq 600); do curl -sf localhost:$port/health >/dev/null && break; sleep 1; done
+    util=0.85
+  done
+  "${CLI[@]}" router --worker http://127.0.0.1:8611 --worker http://127.0.0.1:8612 --port 8610 \
+    > "$OUT/router_dp.log" 2>&1 &
+  for _ in $(seq 120); do curl -sf localhost:8610/health >/dev/null && break; sleep 1; done
+  B=("${CLI[@]}" bench serve --dataset-name random --random-input-len 128
+     --random-output-len 256 --ignore-eos)
+  for round in 1 2; do
+    "${B[@]}" --base-url http://127.0.0.1:8610 --max-concurrency 64 --num-prompts 256 \
+      --save-json "$OUT/dp_router.json" > /dev/null 2>&1
+    bench_line "$OUT/dp_router.json" "router, C=64, round $round" | tee -a "$OUT/dp1gpu.txt"
+    clients=()
+    for port in 8611 8612; do
+      "${B[@]}" --base-url http://127.0.0.1:$port --max-concurrency 32 --num-prompts 128 \
+        --save-json "$OUT/dp_direct_$port.json" > /dev/null 2>&1 &
+      clients+=($!)
+    done
+    wait "${clients[@]}"
+    for port in 8611 8612; do
+      bench_line "$OUT/dp_direct_$port.json" "direct :$port, C=32, round $round" \
+        | tee -a "$OUT/dp1gpu.txt"
+    done
+  done
+  rm -f "$OUT"/dp_*.json
+  pkill -TERM -f "cadence.cli.main (router|serve)"; sleep 5
 fi
 
 if has router; then
@@ -51,12 +118,8 @@ if has router; then
       "${CLI[@]}" bench serve --base-url "http://127.0.0.1:${where#*:}" --dataset-name random \
         --random-input-len 128 --random-output-len 256 --max-concurrency 64 --num-prompts 256 \
         --ignore-eos --save-json "$OUT/router_${where%%:*}_$round.json" > /dev/null 2>&1
-      python3 - "$OUT/router_${where%%:*}_$round.json" "${where%%:*} round $round" <<'PY' | tee -a "$OUT/router.txt"
-import json, sys
-s = json.load(open(sys.argv[1]))["runs"][0]["summary"]
-print(f"{sys.argv[2]}: {s['output_throughput']:.0f} tok/s, TTFT p50 {s['median_ttft_ms']:.1f} ms, "
-      f"ITL p50 {s['median_itl_ms']:.2f} p99 {s['p99_itl_ms']:.2f} ms, TPOT p50 {s['median_tpot_ms']:.2f} ms")
-PY
+      bench_line "$OUT/router_${where%%:*}_$round.json" "${where%%:*} round $round" \
+        | tee -a "$OUT/router.txt"
     done
   done
   kill -TERM $rt $rep; wait $rt $rep 2>/dev/null

@@ -121,6 +121,11 @@ SCHEDULING_POLICIES = ("fcfs", "priority", "lpm", "dfs-weight")
 @dataclass
 class SchedulerConfig:
     max_num_batched_tokens: int | None = None  # tokens per step; None: 8192 on CUDA, 512 on CPU
+    # While requests decode, each of their next tokens waits for the whole step: prompt
+    # tokens beyond this many would stretch it to a prefill's length (a stall in every
+    # stream). 0: no bound but max_num_batched_tokens. Off by default: on the H200 (Llama-8B,
+    # benchmarks/RESULTS.md "Prefill beside decodes") 2,048 cost 4-18 % of throughput.
+    max_prefill_tokens_while_decoding: int = 0  # prompt tokens a step adds to decodes (0: any)
     max_num_seqs: int = 256  # sequences in one step at most
     max_model_len: int = 2048  # filled in from the model at start-up
     scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
@@ -308,6 +313,9 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens must be positive, got {s.max_num_batched_tokens}"
             )
+        cap = s.max_prefill_tokens_while_decoding
+        if cap < 0:
+            raise ValueError(f"max_prefill_tokens_while_decoding must be >= 0, got {cap}")
         if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
         if self.kv_role not in (None, "prefill", "decode"):

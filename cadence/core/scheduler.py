@@ -6,6 +6,8 @@ No phases: each step hands out a token budget (`max_num_batched_tokens`).
      (1 when decoding, a chunk while its prompt is still being prefilled).
   2. Then waiting requests, FCFS, while budget and `max_num_seqs` last; a prompt longer than
      what is left gets a chunk now, the rest later (chunked prefill).
+     While some request decodes, prompt tokens (1. and 2. together) are also bounded by
+     `max_prefill_tokens_while_decoding`: its next token waits for the whole step.
   3. A running request that cannot get a block preempts a victim (lowest priority, then
      latest arrival, among those not yet scheduled this step): its blocks are freed, its
      computed tokens reset to 0, and it goes to the front of the waiting queue (recompute).
@@ -131,6 +133,7 @@ class Scheduler:
         self._finished_ids = []
         self.step_count += 1
         budget = self.config.max_num_batched_tokens
+        prefill_left = self._prefill_budget(budget)  # prompt (or recompute) tokens
         new_blocks: dict[str, list[list[int]]] = {}  # request id -> per KV group
         preempted: list[Request] = []
         if self.remote.loading:
@@ -143,6 +146,9 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             num_new = min(req.num_tokens + req.num_placeholders - req.num_computed_tokens, budget)
+            prefilling = num_new > 1  # a prompt chunk (or a preempted request's recompute)
+            if prefilling:
+                num_new = min(num_new, prefill_left)
             if num_new <= 0 or (req.num_placeholders and self._ends_with_placeholder(req)):
                 i += 1
                 continue
@@ -167,6 +173,8 @@ class Scheduler:
             if drafts:
                 out.spec_token_ids[req.request_id] = drafts
             budget -= num_new
+            if prefilling:
+                prefill_left -= num_new
             i += 1
 
         # 2. Waiting requests, FCFS. None if this step had to preempt: memory is short.
@@ -174,7 +182,7 @@ class Scheduler:
         no_slot: list[Request] = []
         if self.loras is not None:
             self.loras.begin_step(self.running)
-        while self.waiting and budget > 0 and not preempted:
+        while self.waiting and min(budget, prefill_left) > 0 and not preempted:
             if len(self.running) >= self.config.max_num_seqs:
                 break
             req = self.waiting[0]
@@ -196,10 +204,13 @@ class Scheduler:
                         self.waiting.popleft()
                         self._count_lookup(req, num_hit_tokens)
                         continue
-            num_new = min(req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget)
+            num_new = min(
+                req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget, prefill_left
+            )
             blocks = self.kv.allocate_slots(req, num_new, hits, self.num_lookahead_tokens)
             if blocks is None:
                 break  # FCFS: nobody jumps the queue for lack of memory
+            prefill_left -= num_new
             self.waiting.popleft()
             if req.num_computed_tokens == 0:  # (else its prompt came from a remote prefill)
                 self._count_lookup(req, num_hit_tokens)
@@ -264,6 +275,17 @@ class Scheduler:
         assert out.total_num_scheduled_tokens <= self.config.max_num_batched_tokens
         assert len(self.running) <= self.config.max_num_seqs
         return out
+
+    def _prefill_budget(self, budget: int) -> int:
+        """Prompt tokens this step may take: `max_prefill_tokens_while_decoding` when a
+        running request decodes (its next token waits for the whole step), else the budget."""
+        cap = self.config.max_prefill_tokens_while_decoding
+        if not cap or cap >= budget:
+            return budget
+        for req in self.running:
+            if req.num_tokens + req.num_placeholders - req.num_computed_tokens == 1:
+                return cap
+        return budget
 
     def _count_lookup(self, req: Request, num_hit_tokens: int) -> None:
         """A request's prefix-cache lookup at admission (once per admission)."""

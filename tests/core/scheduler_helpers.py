@@ -34,6 +34,7 @@ def make_scheduler(
     policy: str = "fcfs",
     aging_steps: int = 200,
     lora_slots: int = 0,
+    prefill_cap: int = 0,
 ) -> Scheduler:
     kv = KVCacheManager(num_blocks, block_size, enable_caching, prefix_cache)
     config = SchedulerConfig(
@@ -42,6 +43,7 @@ def make_scheduler(
         max_model_len=max_model_len,
         scheduling_policy=policy,
         scheduling_aging_steps=aging_steps,
+        max_prefill_tokens_while_decoding=prefill_cap,
     )
     return Scheduler(config, kv, num_lora_slots=lora_slots)
 

@@ -189,10 +189,38 @@ def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks_and_samples_only
     check_all_free(sched)
 
 
-def test_output_does_not_depend_on_the_budget():
+def test_while_a_request_decodes_prompt_tokens_per_step_are_bounded():
+    """A decoding request's next token waits for the step: prompts (a running one's chunks
+    and new ones together) get at most the cap beside it, the full budget without it."""
+    sched = make_scheduler(budget=64, prefill_cap=8)
+    a = make_request("a", list(range(1, 5)), 20)
+    sched.add_request(a)
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens == {"a": 4}  # nobody decodes yet: the budget
+    b = make_request("b", list(range(101, 113)), 4)  # (no prefix shared with a or c)
+    c = make_request("c", list(range(201, 207)), 4)
+    add_all(sched, [b, c])
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 8}
+    out, _ = step(sched)  # b's last 4 come first (running), c takes what is left
+    assert out.num_scheduled_tokens == {"a": 1, "b": 4, "c": 4}
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 1, "c": 2}
+
+
+def test_a_burst_of_prompts_with_nobody_decoding_takes_the_whole_budget():
+    sched = make_scheduler(budget=32, prefill_cap=4)
+    reqs = make_requests(4, prompt_len=8, max_tokens=3)
+    add_all(sched, reqs)
+    out, _ = step(sched)
+    assert sum(out.num_scheduled_tokens.values()) == 32
+
+
+@pytest.mark.parametrize("prefill_cap", [0, 1, 2, 5])
+def test_output_does_not_depend_on_the_budget(prefill_cap):
     outputs = []
     for budget in (1, 3, 7, 64):
-        sched = make_scheduler(budget=budget, max_num_seqs=4)
+        sched = make_scheduler(budget=budget, max_num_seqs=4, prefill_cap=prefill_cap)
         reqs = make_requests(5, prompt_len=9, max_tokens=5)
         add_all(sched, reqs)
         run_to_completion(sched)

@@ -44,8 +44,9 @@ def run(path, prompts, params, **kw) -> tuple[LLM, list]:
         {"num_gpu_blocks_override": 12},  # preemption with a token in flight
         {"prefix_cache": "radix"},
         {"enable_prefix_caching": False, "block_size": 7},
+        {"max_num_batched_tokens": 16, "max_prefill_tokens_while_decoding": 3},
     ],
-    ids=["default", "budget-8", "preemption", "radix", "no-cache-bs7"],
+    ids=["default", "budget-8", "preemption", "radix", "no-cache-bs7", "prefill-cap-3"],
 )
 def test_greedy_equals_transformers(llama, kw):
     path, prompts, expected = llama

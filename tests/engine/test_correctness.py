@@ -74,6 +74,10 @@ def test_prefill_and_decode_logprobs_match_transformers(kind, tiny_model_dir, hf
     "engine_kwargs",
     [
         pytest.param({"max_num_batched_tokens": 8}, id="budget-8-chunked-mixed"),
+        pytest.param(
+            {"max_num_batched_tokens": 16, "max_prefill_tokens_while_decoding": 3},
+            id="prompt-chunks-of-3-beside-decodes",
+        ),
         pytest.param({"block_size": 1}, id="block-size-1"),
         pytest.param({"block_size": 16}, id="block-size-16"),
         pytest.param({"block_size": 7}, id="block-size-7"),
