@@ -184,7 +184,20 @@ def step_summary(url: str, since: int) -> dict:
         "max_prefill_tokens_beside_decodes": max(
             (s["prefill_tokens"] for s in steps if s["decode_seqs"]), default=0
         ),
+        "mixed_step_ms_by_prefill_tokens": mixed_by_size(steps, ms),
     }
+
+
+def mixed_by_size(steps: list[dict], ms) -> dict:
+    """Steps with prompt tokens and decodes, by how many prompt tokens: count, mean ms
+    (what a decoding stream waits for a step that carries a prefill chunk of that size)."""
+    edges = (512, 1024, 2048, 4096, 8192, 1 << 30)
+    groups: dict[str, list[float]] = {}
+    for s in steps:
+        if s["prefill_tokens"] and s["decode_seqs"]:
+            top = next(e for e in edges if s["prefill_tokens"] <= e)
+            groups.setdefault(f"<={top}" if top < 1 << 30 else ">8192", []).append(ms(s))
+    return {k: [len(v), round(sum(v) / len(v), 2)] for k, v in groups.items()}
 
 
 def measure(url: str, pids: list[int], c: int, args) -> dict:

@@ -4,7 +4,8 @@
 # (xgrammar: apache-tvm-ffi; fastapi 0.165: opentelemetry-api, annotated-doc; openai 3.x:
 # httpx2, httpcore2, truststore; uvicorn: click, h11), so those follow, pinned to this
 # machine's .venv. A model folder for benchmarks/gpu_serve_check.py (config and tokenizer,
-# no weights) goes to .gpu-smoke/smollm2 from the GGUF cadence converts on first use.
+# no weights) goes to .gpu-smoke/smollm2 from the GGUF cadence converts on first use, and
+# an 8B-shaped one to .gpu-smoke/llama8b-v49k (below).
 set -euo pipefail
 ../shared/tools/device-wheels
 pins=()
@@ -20,4 +21,16 @@ grep -qx '/.gpu-smoke/' .git/info/exclude || echo '/.gpu-smoke/' >> .git/info/ex
 for f in config.json tokenizer.json tokenizer_config.json chat_template.jinja; do
   [ -f "$src/$f" ] && cp "$src/$f" .gpu-smoke/smollm2/
 done
+# Llama-3.1-8B's shape over SmolLM2's tokenizer, its vocabulary cut to the tokenizer's
+# 49,152 (and its bos/eos): every token the dummy model samples has text, so a streaming
+# client sees one token per chunk (with Llama's 128,256, 62 % of them have none and ITL
+# counts several tokens per gap). benchmarks/serving_h200_run.sh serves it.
+mkdir -p .gpu-smoke/llama8b-v49k
+cp .gpu-smoke/smollm2/tokenizer* .gpu-smoke/smollm2/chat_template.jinja .gpu-smoke/llama8b-v49k/ 2>/dev/null || true
+python3 - <<'PY'
+import json
+config = json.load(open("../shared/model-configs/llama-3.1-8b/config.json"))
+config.update(vocab_size=49152, bos_token_id=1, eos_token_id=2)
+json.dump(config, open(".gpu-smoke/llama8b-v49k/config.json", "w"), indent=1)
+PY
 du -sh .whl .gpu-smoke

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 37 on the H200: the serving path against the offline harness, Llama-3.1-8B's shape
-# with dummy bf16 weights (.gpu-smoke/llama8b: its config.json and SmolLM2's tokenizer; build
-# it and the wheels with benchmarks/device_wheels.sh, carry .whl and .gpu-smoke).
+# with dummy bf16 weights (.gpu-smoke/llama8b-v49k: its config.json, the vocabulary cut to
+# SmolLM2's tokenizer, which it carries; build it and the wheels with
+# benchmarks/device_wheels.sh, carry .whl and .gpu-smoke; M= picks another model folder).
 #   PARTS=offline  `cadence bench throughput`, 128 -> 256, EOS ignored, --max-num-seqs C and
 #                  2 x C prompts (at least 8), for each C in CONC
 #   PARTS=served   benchmarks/api_cpu.py: `cadence serve` with --api-server-count each of
@@ -13,13 +14,14 @@
 #                  against the same two driven directly (C=32 each, at once)
 #   PARTS=cap      for each --max-prefill-tokens-while-decoding in CAPS: served at C=256
 #                  (2 API processes) with the engine's step times, and offline at C=256
-#                  and 256 x 1,024 -> 256 (the bound's cost where prefill dominates)
+#                  and 256 x 1,024 -> 256 (the bound's cost where prefill dominates; CAP_LONG=0
+#                  skips it)
 # Results (JSON) and logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh
-M=.gpu-smoke/llama8b
+M=${M:-.gpu-smoke/llama8b-v49k}  # (llama8b: the 128,256-token vocabulary, see device_wheels.sh)
 COMMON="--load-format dummy --dtype bfloat16"
 CLI=(python3 -m cadence.cli.main)
 PARTS=${PARTS:-offline served}
@@ -65,7 +67,7 @@ if has cap; then
       --output-len 256 --max-num-seqs 256 --max-prefill-tokens-while-decoding $cap \
       --log-level warning 2>&1 | grep -E "Throughput" | sed "s/^/offline c=256 cap=$cap: /" \
       | tee -a "$OUT/cap_offline.log"
-    "${CLI[@]}" bench throughput --model $M $COMMON --num-prompts 256 --input-len 1024 \
+    [ "${CAP_LONG:-1}" = 1 ] && "${CLI[@]}" bench throughput --model $M $COMMON --num-prompts 256 --input-len 1024 \
       --output-len 256 --max-prefill-tokens-while-decoding $cap --log-level warning 2>&1 \
       | grep -E "Throughput" | sed "s/^/offline 256x1024 cap=$cap: /" | tee -a "$OUT/cap_offline.log"
   done

@@ -12,6 +12,7 @@ summed. The engine's own numbers reach every process but are recorded by the lea
 
 from __future__ import annotations
 
+import collections
 import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -40,6 +41,24 @@ _LATENCY_BUCKETS = (
     40.0,
     80.0,
 )
+
+
+def observe_times(series, value: float, times: int) -> None:
+    """`times` observations of `value` in a histogram series, as one update of its bucket
+    and its sum (prometheus_client has no weighted observe; without the internals this
+    relies on, `times` plain observations)."""
+    bounds = getattr(series, "_upper_bounds", None)
+    buckets = getattr(series, "_buckets", None)
+    total = getattr(series, "_sum", None)
+    if times == 1 or bounds is None or buckets is None or total is None:
+        for _ in range(times):
+            series.observe(value)
+        return
+    total.inc(value * times)
+    for bound, bucket in zip(bounds, buckets):
+        if value <= bound:
+            bucket.inc(times)
+            break
 
 
 class ServerMetrics:
@@ -282,6 +301,9 @@ class ServerMetrics:
         self._last_per_pos: list[int] = []
         self._last_lengths: list[int] = []
         self._last_engine = dict.fromkeys(self._engine_counters, 0)
+        # metric -> its series for this model: prometheus's labels() takes a lock and builds
+        # a key each call, and the per-token observers below run once per token.
+        self._series: dict = {}
         if lead:
             for m in (self.running, self.waiting, self.kv_usage):
                 m.labels(model_name).set(0)
@@ -305,7 +327,10 @@ class ServerMetrics:
             m.labels(model_name)
 
     def _l(self, metric):
-        return metric.labels(self.model_name)
+        series = self._series.get(metric)
+        if series is None:
+            series = self._series[metric] = metric.labels(self.model_name)
+        return series
 
     def update_engine_stats(self, stats) -> None:
         if not self.lead:
@@ -343,11 +368,13 @@ class ServerMetrics:
             self._l(self.queue_time).observe(max(0.0, queue_time))
         self._l(self.prompt_tokens).inc(num_prompt_tokens)
 
-    def on_token(self, inter_token_latency: float) -> None:
-        self._l(self.itl).observe(inter_token_latency)
-
-    def on_new_tokens(self, num_tokens: int) -> None:
+    def on_tokens(self, num_tokens: int, inter_token_latencies: list[float]) -> None:
         self._l(self.generation_tokens).inc(num_tokens)
+        # The requests of one step mostly share their gap (their last tokens came in one
+        # message): one histogram update per distinct gap, not one per token.
+        series = self._l(self.itl)
+        for gap, times in collections.Counter(inter_token_latencies).items():
+            observe_times(series, gap, times)
 
     def on_finished(self, e2e: float, finish_reason: str) -> None:
         self._l(self.e2e).observe(e2e)

@@ -111,8 +111,11 @@ class RequestObserver(Protocol):
     def on_first_token(
         self, ttft: float, queue_time: float | None, num_prompt_tokens: int
     ) -> None: ...
-    def on_token(self, inter_token_latency: float) -> None: ...
-    def on_new_tokens(self, num_tokens: int) -> None: ...
+    def on_tokens(self, num_tokens: int, inter_token_latencies: list[float]) -> None:
+        """Once per engine message: the tokens it brought, and the gap before each token
+        that was not a request's first (seconds)."""
+        ...
+
     def on_finished(self, e2e: float, finish_reason: str) -> None: ...
 
 
@@ -165,10 +168,12 @@ class OutputProcessor:
         now = time.time()
         changed: dict[str, RequestState] = {}
         to_stop: list[str] = []
+        num_new_tokens = 0
+        gaps: list[float] = []  # inter-token latencies of this message's tokens
         for up in updates:
             entry = self._child.get(up.request_id)
             try:
-                self._apply(up, now, changed, to_stop)
+                num_new_tokens += self._apply(up, now, changed, to_stop, gaps)
             except Exception as e:
                 logger.exception("failed to process the update of %s", up.request_id)
                 if entry is not None:
@@ -176,6 +181,8 @@ class OutputProcessor:
                     state.samples[index].output.finish_reason = None  # it ends as failed
                     to_stop.extend(self._fail(state, f"{type(e).__name__}: {e}", now))
                     changed[state.request_id] = state
+        if self.observer is not None and num_new_tokens:  # once a step, not once a request
+            self.observer.on_tokens(num_new_tokens, gaps)
         return list(changed.values()), to_stop
 
     def take_failed(self) -> list[tuple[str, str]]:
@@ -207,15 +214,18 @@ class OutputProcessor:
         now: float,
         changed: dict[str, RequestState],
         to_stop: list[str],
-    ) -> None:
+        gaps: list[float],
+    ) -> int:
+        """Apply one sample's update; returns how many new tokens it brought (0: the sample
+        is gone or had finished)."""
         entry = self._child.get(up.request_id)
         if entry is None:
-            return
+            return 0
         state, index = entry
         sample = state.samples[index]
         out = sample.output
         if out.finished:
-            return
+            return 0
         m = state.metrics
         obs = self.observer
         if m.first_token_time is None:
@@ -227,11 +237,9 @@ class OutputProcessor:
                     else up.first_scheduled_time - m.arrival_time
                 )
                 obs.on_first_token(now - m.arrival_time, queued, len(state.prompt_token_ids))
-        elif obs is not None and m.last_token_time is not None:
-            obs.on_token(now - m.last_token_time)
+        elif m.last_token_time is not None:
+            gaps.append(now - m.last_token_time)
         m.last_token_time = now
-        if obs is not None:
-            obs.on_new_tokens(len(up.new_token_ids))
         state.num_cached_tokens = max(state.num_cached_tokens, up.num_cached_tokens)
         if up.new_prompt_logprobs is not None and index == 0:
             _extend_prompt_logprobs(state, up.new_prompt_logprobs)
@@ -271,6 +279,7 @@ class OutputProcessor:
                 del self.requests[state.request_id]
                 if obs is not None:
                     obs.on_finished(now - m.arrival_time, out.finish_reason or "stop")
+        return len(up.new_token_ids)
 
     def _find_stop(self, state: RequestState, out: CompletionOutput, num_new_tokens: int) -> bool:
         """End the sample at the first stop string in its text, which may straddle tokens."""
