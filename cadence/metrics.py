@@ -302,8 +302,8 @@ class ServerMetrics:
         self._last_lengths: list[int] = []
         self._last_engine = dict.fromkeys(self._engine_counters, 0)
         # metric -> its series for this model: prometheus's labels() takes a lock and builds
-        # a key each call, and the per-token observers below run once per token.
-        self._series: dict = {}
+        # a key each call, and the observers below run for every engine message.
+        self._series: dict[object, object] = {}
         if lead:
             for m in (self.running, self.waiting, self.kv_usage):
                 m.labels(model_name).set(0)
