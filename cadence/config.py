@@ -283,7 +283,7 @@ class EngineConfig:
     max_cuda_graph_batch_size: int = 512
     # Halves a short prompt's time to first token, but measured 3 % slower batch-1 decode
     # steps (benchmarks/RESULTS.md, issue 13): off by default.
-    cuda_graph_prefill: bool = False  # CUDA graphs of prefill/mixed steps up to 512 tokens
+    cuda_graph_prefill: bool = False  # CUDA graphs of prefill/mixed steps up to 2048 tokens
     check_kv_integrity: bool = False  # after every step (tests)
     step_timeline_size: int = 1024  # steps whose phase times the engine keeps (0: none)
     kv_role: str | None = None  # disaggregated serving: prefill | decode (none: both here)

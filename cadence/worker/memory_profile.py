@@ -11,6 +11,7 @@ import torch
 from cadence.attention.base import AttentionMetadata
 from cadence.distributed.communication import min_over_ranks
 from cadence.layers.sampler import SamplingBatch
+from cadence.worker.mixed_graphs import largest_bucket
 from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,10 @@ def profile_cuda_memory(runner: RunnerParts) -> int:
     # decode and the mixed-step graphs: int64 rows of max_blocks_per_seq, allocated later.
     table_rows = sc.max_num_seqs + 2
     reserve += (runner.kv_groups.num_groups - 1) * 3 * table_rows * runner.max_blocks_per_seq * 8
+    # The prefill/mixed-step graphs' pool holds the largest bucket's activations: the
+    # measured step's, scaled to that many tokens.
+    if runner.config.cuda_graph_prefill or runner.drafter is not None:
+        reserve += activations * largest_bucket(num_tokens) // num_tokens
     budget = int(
         total * runner.config.cache.gpu_memory_utilization - used_before - activations - reserve
     )

@@ -3,8 +3,9 @@
 A step that carries prefill tokens runs ~300 kernels for Llama-8B; launched eagerly from
 Python each costs tens of microseconds of host time, so a 128-token prompt's prefill
 waits ~12 ms on launches for ~4 ms of GPU work, and that is its time to first token.
-Here such steps replay a CUDA graph captured for a token bucket (`BUCKETS`, up to 512
-tokens; bigger steps are compute-bound and run eagerly). Everything a step varies is data
+Here such steps replay a CUDA graph captured for a token bucket (`BUCKETS`, up to 2,048
+tokens; bigger steps are compute-bound and run eagerly). The graphs share one memory pool,
+as large as the largest bucket's activations (the memory profile reserves it). Everything a step varies is data
 in buffers the graphs read by address:
 
     tokens        [3, T]      ids, positions, cache slots           padding: 0, 0, -1
@@ -44,7 +45,16 @@ from cadence.worker.cuda_graphs import gc_paused
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (16, 32, 64, 128, 256, 512)  # step token counts captured
+# Step token counts captured. Past 512 the steps are mostly compute (19 us a prompt token on
+# Llama-8B's shape), but eagerly they also wait 25-35 ms on launches on a busy host, and a
+# decoding request waits for the whole step. Buckets 256 apart: a step past 512 tokens fills
+# at least two thirds of its bucket.
+BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+
+
+def largest_bucket(max_tokens: int) -> int:
+    """The most tokens a captured step holds with a token budget of `max_tokens`."""
+    return min(max_tokens, BUCKETS[-1])
 
 
 def _round_up(n: int, k: int) -> int:

@@ -198,3 +198,19 @@ def test_mixed_step_graphs_with_a_small_token_budget_equal_transformers(tiny_mod
     assert llm.engine.runner.driver.mixed_graphs.sizes == [16, 24]
     assert generate(llm, prompts) == expected
     assert llm.engine.runner.driver.mixed_graphs.num_replays > 0
+
+
+def test_mixed_step_graphs_past_512_tokens_equal_transformers(tiny_model_dir, hf_model):
+    """Prompts of 600-1,500 tokens under a 2,048-token budget: steps of 513-2,048 tokens
+    (prompt chunks beside decodes) replay the wide buckets, and the tokens stay HF's."""
+    path = tiny_model_dir("llama-long")
+    prompts = make_prompts(512, [700, 1500, 30, 900, 610], seed=4)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = float32_graphs_llm(path, max_num_batched_tokens=2048)
+    mixed = llm.engine.runner.driver.mixed_graphs
+    assert mixed.sizes[-1] == 2048
+    replayed: list[int] = []
+    run = mixed.run
+    mixed.run = lambda size, *a, **k: (replayed.append(size), run(size, *a, **k))[1]
+    assert generate(llm, prompts) == expected
+    assert any(size > 512 for size in replayed), replayed
