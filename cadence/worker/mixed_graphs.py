@@ -5,8 +5,8 @@ Python each costs tens of microseconds of host time, so a 128-token prompt's pre
 waits ~12 ms on launches for ~4 ms of GPU work, and that is its time to first token.
 Here such steps replay a CUDA graph captured for a token bucket (`BUCKETS`, up to 2,048
 tokens; bigger steps are compute-bound and run eagerly). The graphs share one memory pool,
-as large as the largest bucket's activations (the memory profile reserves it). Everything a step varies is data
-in buffers the graphs read by address:
+as large as the largest bucket's activations (the memory profile reserves it). Everything
+a step varies is data in buffers the graphs read by address:
 
     tokens        [3, T]      ids, positions, cache slots           padding: 0, 0, -1
                               (then each later KV group's slots)    padding: -1

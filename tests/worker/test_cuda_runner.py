@@ -209,8 +209,13 @@ def test_mixed_step_graphs_past_512_tokens_equal_transformers(tiny_model_dir, hf
     llm = float32_graphs_llm(path, max_num_batched_tokens=2048)
     mixed = llm.engine.runner.driver.mixed_graphs
     assert mixed.sizes[-1] == 2048
-    replayed: list[int] = []
+    replayed: list[int] = []  # the bucket of every replay
     run = mixed.run
-    mixed.run = lambda size, *a, **k: (replayed.append(size), run(size, *a, **k))[1]
+
+    def recording_run(size, *args, **kwargs):
+        replayed.append(size)
+        return run(size, *args, **kwargs)
+
+    mixed.run = recording_run
     assert generate(llm, prompts) == expected
     assert any(size > 512 for size in replayed), replayed
