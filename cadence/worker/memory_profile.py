@@ -169,7 +169,8 @@ def profile_cuda_memory(runner: RunnerParts) -> int:
     reserve += (runner.kv_groups.num_groups - 1) * 3 * table_rows * runner.max_blocks_per_seq * 8
     # The prefill/mixed-step graphs' pool holds the largest bucket's activations: the
     # measured step's, scaled to that many tokens.
-    if runner.config.cuda_graph_prefill or runner.drafter is not None:
+    config = runner.config
+    if not config.enforce_eager and (config.cuda_graph_prefill or runner.drafter is not None):
         reserve += activations * largest_bucket(num_tokens) // num_tokens
     budget = int(
         total * runner.config.cache.gpu_memory_utilization - used_before - activations - reserve
