@@ -18,6 +18,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from cadence.multimodal.media import image_limit
+
 logger = logging.getLogger(__name__)
 
 
@@ -82,6 +84,8 @@ class ModelConfig:
     # Pooling models: '{"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": true}' over the
     # checkpoint's sentence-transformers files (default without them: LAST, normalized).
     pooler_config: str | None = None  # JSON: {"pooling_type": "MEAN", "normalize": false}
+    # Vision-language models: the most images one prompt may carry (default 16).
+    limit_mm_per_prompt: str | None = None  # JSON: {"image": 4} (LLM(...) takes a dict too)
 
 
 RUNNERS = ("auto", "generate", "pooling")
@@ -365,6 +369,7 @@ class EngineConfig:
             "fp32",
         ):
             raise ValueError(f"unknown dtype {self.model.dtype!r}")
+        image_limit(self.model.limit_mm_per_prompt)  # (raises on a malformed limit)
         if c.prefix_cache not in ("hash", "radix"):
             raise ValueError(f"prefix_cache must be hash or radix, got {c.prefix_cache!r}")
         if c.radix_eviction_policy not in ("lru", "lfu"):

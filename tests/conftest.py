@@ -48,6 +48,29 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_vision_model_dir(tmp_path_factory):
+    """tiny_vision_model_dir(kind) -> a saved random vision-language model of that family
+    with its processor and chat template (tests/vision_helpers.py), built once per run."""
+    from filelock import FileLock
+    from vision_helpers import save_tiny_vision_model
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+
+    def make(kind: str) -> str:
+        path = shared / f"tiny-vision-{kind}"
+        with FileLock(str(path) + ".lock"):
+            if not (path / ".complete").exists():
+                torch.manual_seed(zlib.crc32(kind.encode()))
+                save_tiny_vision_model(kind, str(path))
+                (path / ".complete").touch()
+        return str(path)
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def hf_model():
     """hf_model(path) -> the transformers model in float32, loaded once per path. Eager
     attention and experts (transformers' reference math): its SDPA path, where a release

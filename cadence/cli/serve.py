@@ -124,6 +124,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
         help="LoRA adapters (PEFT folders) served by name, with --enable-lora: NAME=PATH, "
         'or a JSON object {"name": ..., "path": ..., "base_model_name": ...}',
     )
+    s.add_argument(
+        "--allowed-media-domains",
+        nargs="+",
+        default=[],
+        metavar="DOMAIN",
+        help="hosts (and their subdomains) whose http(s) image URLs the server fetches for a "
+        "vision-language model, each within 10 s and 20 MiB, no redirects (default: none; "
+        "data: URLs are always accepted)",
+    )
     add_door_args(parser, serve=True)
 
 
@@ -201,6 +210,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         lora_modules=lora_modules,
         api_server_count=count,
+        allowed_media_domains=tuple(d.lower().strip(".") for d in args.allowed_media_domains),
     )
     if count > 1:
         from cadence.entrypoints.api_servers import run_api_servers

@@ -1,7 +1,9 @@
 """vLLM's bet: the prefix cache as a map from chained block hashes to blocks.
 
 Block hashes chain: hash(block i) = sha256(hash(block i-1) || token ids of block i || extra),
-so one hash names a whole prefix, and equal hashes mean equal prefixes. A request of a
+so one hash names a whole prefix, and equal hashes mean equal prefixes. A block that
+holds an image's placeholder tokens hashes the image's content hash in its extra: the same
+placeholders before another image are another prefix. A request of a
 LoRA adapter chains from its adapter's own root instead of NONE_HASH: adapters' K/V
 differ, so their prefixes never meet (nor the base model's). A request's hashes
 are computed as its tokens arrive (`Request.block_hashes`, by `make_block_hasher`).
@@ -59,12 +61,24 @@ def make_block_hasher(block_size: int, extra: bytes = b""):
         start = done * block_size
         tokens = request.all_token_ids
         while start + block_size <= len(tokens):
-            parent = hash_block_tokens(parent, tokens[start : start + block_size], extra)
+            end = start + block_size
+            seen = images_in(request, start, end) if request.images else b""
+            parent = hash_block_tokens(parent, tokens[start:end], extra + seen)
             new.append(parent)
-            start += block_size
+            start = end
         return new
 
     return hasher
+
+
+def images_in(request: Request, start: int, end: int) -> bytes:
+    """The content hashes of the request's images whose placeholders overlap positions
+    [start, end): a block's tokens alone cannot tell one image from another."""
+    return b"".join(
+        bytes.fromhex(image.content_hash)
+        for image in request.images
+        if image.offset < end and image.end > start
+    )
 
 
 class HashPrefixCache(PrefixCache):

@@ -56,6 +56,24 @@ class RadixNode:
         )
 
 
+def tree_tokens(request: Request) -> Sequence:
+    """A request's tokens as the tree keys them: its own ids, except where equal ids hold
+    different K/V. An image's placeholders become negative keys made of the image's content
+    hash and the position in it; an adapter's tokens are paired with its namespace, so
+    adapters (and the base model) never share a prefix."""
+    tokens = request.all_token_ids
+    if request.lora is None and not request.images:
+        return tokens
+    keys: list = list(tokens)
+    for image in request.images:
+        base = int(image.content_hash[:15], 16) << 24
+        keys[image.offset : image.end] = [-(base + i) - 1 for i in range(image.length)]
+    if request.lora is not None:
+        namespace = request.lora.cache_namespace
+        keys = [(key, namespace) for key in keys]
+    return keys
+
+
 # An eviction policy: a leaf's sort key; the smallest is evicted first.
 EvictionPolicy = Callable[[RadixNode], tuple]
 EVICTION_POLICIES: dict[str, EvictionPolicy] = {
@@ -248,7 +266,7 @@ class RadixPrefixCache(PrefixCache):
         self, request: Request, max_blocks: int, touch: bool = True, group: int = 0
     ) -> list[KVBlock]:
         assert group == 0, "the radix cache keeps one KV group (allows_released_prefix)"
-        return self.tree.match(request.all_token_ids, max_blocks, touch)
+        return self.tree.match(tree_tokens(request), max_blocks, touch)
 
     def insert(
         self,
@@ -262,7 +280,7 @@ class RadixPrefixCache(PrefixCache):
         num_full = min(num_tokens, request.num_tokens) // self.block_size
         if num_full <= start:
             return start
-        self.tree.insert(request.all_token_ids, blocks, num_full)
+        self.tree.insert(tree_tokens(request), blocks, num_full)
         return num_full
 
     def holds(self, block: KVBlock) -> bool:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from cadence.lora_request import LoRARequest
+from cadence.multimodal.inputs import ImageInput
 from cadence.sampling_params import SamplingParams
 
 
@@ -56,9 +57,12 @@ class Request:
         priority: int = 0,
         block_hasher: Callable[[Request], list[bytes]] | None = None,
         lora: LoRARequest | None = None,
+        images: list[ImageInput] | None = None,
     ) -> None:
         self.request_id = request_id
         self.lora = lora  # the adapter it runs with (None: the base model)
+        # Its images, in prompt order: the prefix cache keys their spans by content hash.
+        self.images: list[ImageInput] = images or []
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids

@@ -246,6 +246,7 @@ class Scheduler:
                         req.num_computed_tokens,
                         group_block_ids=later_ids,
                         lora=req.lora,
+                        images=req.images,
                     )
                 )
         self.waiting.extendleft(reversed(no_slot))

@@ -15,6 +15,7 @@ import msgspec
 
 from cadence.core.request import Request
 from cadence.lora_request import LoRALoad, LoRARequest
+from cadence.multimodal.inputs import ImageInput
 from cadence.sampling_params import SamplingParams
 
 
@@ -32,6 +33,7 @@ class NewRequestData:
     # model with interleaved local and global layers; empty with one group).
     group_block_ids: list[list[int]] = field(default_factory=list)
     lora: LoRARequest | None = None  # the adapter it runs with (None: the base model)
+    images: list[ImageInput] = field(default_factory=list)  # (Request.images)
 
 
 @dataclass

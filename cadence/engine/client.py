@@ -54,6 +54,7 @@ from cadence.engine.output_processor import (
     sample_params,
 )
 from cadence.lora_request import LoRARequest
+from cadence.multimodal.inputs import ImageInput
 from cadence.process import ProcessByPid
 from cadence.sampling_params import SamplingParams
 
@@ -237,9 +238,11 @@ class AsyncEngineClient:
         params: SamplingParams,
         priority: int = 0,
         lora: LoRARequest | None = None,
+        images: list[ImageInput] | None = None,
     ) -> AsyncIterator[RequestState]:
         """Yield the request's state each time it changes, until every sample finished.
-        `lora`: the adapter it runs with (None: the base model).
+        `lora`: the adapter it runs with (None: the base model); `images`: those behind
+        its image placeholder tokens.
 
         If the caller stops early (a hang-up cancels it), the request is aborted in the core.
         """
@@ -257,7 +260,14 @@ class AsyncEngineClient:
         try:
             for sid, child in zip(ids, sample_params(params)):
                 req = P.EngineCoreRequest(
-                    sid, prompt_token_ids, child, now, priority, lora, self.client_index
+                    sid,
+                    prompt_token_ids,
+                    child,
+                    now,
+                    priority,
+                    lora,
+                    self.client_index,
+                    images or [],
                 )
                 await self._send_to_core([P.ADD, P.encoder.encode(req)])
             while True:

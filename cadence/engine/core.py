@@ -36,6 +36,7 @@ from cadence.executor import make_executor
 from cadence.kv_transfer import make_connector
 from cadence.kv_transfer.params import prefill_addrs
 from cadence.lora_request import LoRARequest
+from cadence.multimodal.inputs import ImageInput
 from cadence.platform import device_type
 from cadence.sampling_params import SamplingParams
 from cadence.structured.gate import GrammarGate
@@ -98,7 +99,10 @@ class EngineCore:
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
         self.checks = RequestChecks(
-            self.max_model_len, self.vocab_size, prefill_addrs(config.kv_prefill_addrs)
+            self.max_model_len,
+            self.vocab_size,
+            prefill_addrs(config.kv_prefill_addrs),
+            self.runner.image_token_id,
         )
         sc = config.structured
         self.grammars = GrammarManager(
@@ -141,12 +145,15 @@ class EngineCore:
         arrival_time: float | None = None,
         priority: int = 0,
         lora: LoRARequest | None = None,
+        images: list[ImageInput] | None = None,
     ) -> Request:
-        """Validate and queue one sequence (of the base model, or of adapter `lora`).
-        Raises ValueError naming the problem."""
-        self.checks.check(prompt_token_ids, params)
+        """Validate and queue one sequence (of the base model, or of adapter `lora`; with
+        `images` behind its image placeholder tokens). Raises ValueError naming the problem."""
+        self.checks.check(prompt_token_ids, params, images)
         if lora is not None:
             self.runner.check_lora(lora)
+        if images:
+            self.runner.check_images(images)
         req = Request(
             request_id,
             prompt_token_ids,
@@ -156,6 +163,7 @@ class EngineCore:
             priority,
             self._hasher,
             lora,
+            images,
         )
         if params.structured_outputs is not None:
             if request_id in self.scheduler.requests or request_id in self.gate.awaiting:

@@ -160,6 +160,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, fanout: OutputFanout, parent
         config.cache.block_size,
         core.kv_connector.addr,
         core.pooling,
+        runner.image_token_id,
     )
     send_or_exit(fanout.broadcast, P.encoder.encode(ready))
     try:
@@ -317,6 +318,7 @@ class EngineLoop:
                         req.arrival_time,
                         req.priority,
                         req.lora,
+                        req.images,
                     )
                 except ValueError as e:
                     self.errors.append((req.request_id, str(e)))

@@ -24,6 +24,7 @@ import msgspec
 from cadence.config import PoolingSpec
 from cadence.core.scheduler_output import RequestUpdate
 from cadence.lora_request import LoRARequest
+from cadence.multimodal.inputs import ImageInput
 from cadence.sampling_params import SamplingParams
 
 ADD = b"add"
@@ -42,6 +43,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     lora: LoRARequest | None = None  # the adapter it runs with (None: the base model)
     client_index: int = 0  # the API process that sent it: its outputs go there (fanout.py)
+    images: list[ImageInput] = []  # its images' placeholder spans and pixels, in order
 
 
 class EngineStats(msgspec.Struct, array_like=True):
@@ -100,6 +102,7 @@ class EngineReady(msgspec.Struct, array_like=True, tag="ready"):
     block_size: int
     kv_transfer_addr: str = ""  # a prefill engine's K/V server (--kv-role prefill)
     pooling: PoolingSpec | None = None  # an embedding model (--runner pooling): how it pools
+    image_token_id: int | None = None  # a vision-language model's placeholder token
 
 
 class EngineCall(msgspec.Struct, array_like=True):

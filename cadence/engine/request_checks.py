@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cadence.kv_transfer.params import check_kv_transfer_params
+from cadence.multimodal.inputs import ImageInput, check_images
 from cadence.sampling_params import SamplingParams
 
 
@@ -16,8 +17,14 @@ class RequestChecks:
     max_model_len: int  # tokens: prompt + output
     vocab_size: int
     prefill_addrs: frozenset[str] | None  # prefill engines a request may name (None: any)
+    image_token_id: int | None = None  # a vision-language model's placeholder token
 
-    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def check(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        images: list[ImageInput] | None = None,
+    ) -> None:
         """Raise ValueError if the request cannot run here; fill in max_tokens (what the
         context leaves) when the caller gave none."""
         params.verify(self.vocab_size)
@@ -35,5 +42,6 @@ class RequestChecks:
             raise ValueError(
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
+        check_images(images or [], prompt_token_ids, self.image_token_id)
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - n

@@ -55,6 +55,9 @@ from cadence.entrypoints.tool_calls import choose_tool_parser
 from cadence.entrypoints.web_ui import install_web_ui
 from cadence.kv_transfer.params import TransferAuthority
 from cadence.metrics import ServerMetrics
+from cadence.multimodal.chat import ImageReader
+from cadence.multimodal.media import MediaPolicy, image_limit
+from cadence.multimodal.processor import ImagePrompts
 from cadence.tokenizer import load_tokenizer
 
 logger = logging.getLogger("cadence.api")
@@ -81,6 +84,7 @@ class ServerOptions:
     tool_call_parser: str = "auto"  # the format tool calls are read in (entrypoints/tool_parsers)
     lora_modules: tuple[LoRAModule, ...] = ()  # adapters served by name from the start
     api_server_count: int = 1  # API processes serving this engine (api_servers.py)
+    allowed_media_domains: tuple[str, ...] = ()  # hosts whose image URLs are fetched
 
 
 def create_app(
@@ -119,7 +123,14 @@ def create_app(
             on_reject=lambda: metrics.rejected.labels(name).inc(),
             counts=counts,
         )
-        prompts = await asyncio.to_thread(PromptBuilder, tokenizer, ready.max_model_len)
+        images = None
+        if ready.image_token_id is not None and tokenizer is not None:
+            processor = await asyncio.to_thread(ImagePrompts.for_model, path)
+            policy = MediaPolicy(opts.allowed_media_domains)
+            images = ImageReader(processor, policy, image_limit(config.model.limit_mm_per_prompt))
+        prompts = await asyncio.to_thread(
+            PromptBuilder, tokenizer, ready.max_model_len, images=images
+        )
         transfers = TransferAuthority(config.kv_transfer_secret)
         adapters = LoRAAdapters(client, name)
         for module in opts.lora_modules:  # (a bad folder stops the start, naming why)
@@ -315,7 +326,7 @@ def create_app(
         serving.check_model(req.model)
         prompts: PromptBuilder = state["prompts"]
         if req.messages is not None:
-            ids = await prompts.chat(
+            ids, _ = await prompts.chat(
                 req.messages, req.add_generation_prompt, kwargs=req.chat_template_kwargs
             )
         elif req.prompt is not None:

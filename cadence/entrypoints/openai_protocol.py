@@ -257,6 +257,26 @@ class TextPart(_Base):
     text: str
 
 
+class ImageURL(_Base):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None  # accepted; the processor decides
+
+
+class ImagePart(_Base):
+    """An image for a vision-language model: a data: URL (base64 PNG, JPEG, WebP, GIF,
+    BMP), or an http(s) URL of a domain the server allows (--allowed-media-domains)."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL | str  # (some clients send the URL itself)
+
+    @property
+    def url(self) -> str:
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCallIn(_Base):
     name: str
     arguments: str | dict[str, Any] = "{}"
@@ -272,17 +292,34 @@ class ToolCallIn(_Base):
 
 class ChatMessage(_Base):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
 
     def text(self) -> str:
+        """Its text (image parts left out)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [p.url for p in self.content if isinstance(p, ImagePart)]
+
+    def template_content(self) -> str | list[dict]:
+        """What the chat template renders: the text, or with images, the parts in order
+        (an image as {"type": "image"}, which a vision-language template writes as its
+        placeholder)."""
+        if not self.image_urls():
+            return self.text()
+        return [
+            {"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"}
+            for p in self.content
+        ]
 
 
 class ChatCompletionRequest(_SamplingFields):

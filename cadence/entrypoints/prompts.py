@@ -34,6 +34,9 @@ from cadence.entrypoints.tool_calls import (
     template_supports_tools,
     tools_for_template,
 )
+from cadence.multimodal.chat import ImageReader
+from cadence.multimodal.inputs import ImageInput
+from cadence.multimodal.media import MediaError
 
 logger = logging.getLogger("cadence.api")
 
@@ -94,9 +97,17 @@ def template_variables(tokenizer) -> frozenset[str]:
 
 class PromptBuilder:
     def __init__(
-        self, tokenizer, max_model_len: int, timeout_s: float = RENDER_TIMEOUT_S, threads: int = 0
+        self,
+        tokenizer,
+        max_model_len: int,
+        timeout_s: float = RENDER_TIMEOUT_S,
+        threads: int = 0,
+        images: ImageReader | None = None,
     ) -> None:
+        """`images`: a vision-language model's processor and media policy (None: a chat
+        with image parts is a 400)."""
         self.tokenizer = tokenizer
+        self.images = images
         self.timeout_s = timeout_s
         self.template_vars = template_variables(tokenizer) if tokenizer is not None else set()
         self.pool = ThreadPoolExecutor(
@@ -170,9 +181,10 @@ class PromptBuilder:
         continue_final: bool = False,
         kwargs: dict | None = None,
         tools: list | None = None,
-    ) -> list[int]:
-        """Token ids of the conversation through the chat template; `tools` (ChatTool list)
-        go to a template that knows tools, or into the system message of one that does not."""
+    ) -> tuple[list[int], list[ImageInput]]:
+        """Token ids of the conversation through the chat template, and its images (each
+        behind its placeholder tokens, in order); `tools` (ChatTool list) go to a template
+        that knows tools, or into the system message of one that does not."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise APIError("this model has no chat template; use /v1/completions")
         variables = self.template_kwargs(kwargs)
@@ -184,9 +196,19 @@ class PromptBuilder:
                 code="context_length_exceeded",
             )
         self.lanes.check_chars(sum(len(m.text() or "") for m in messages), "messages")
+        image_urls = [url for m in messages for url in m.image_urls()]
+        if image_urls and self.images is None:
+            raise APIError("this model does not take images", param="messages")
+        if image_urls and len(image_urls) > self.images.limit:
+            raise APIError(
+                f"{len(image_urls)} images: at most {self.images.limit} per request "
+                "(--limit-mm-per-prompt)",
+                param="messages",
+                code="too_many_images",
+            )
         conv = []
         for m in messages:
-            entry = {"role": m.role, "content": m.text()}
+            entry = {"role": m.role, "content": m.template_content()}
             if m.name:
                 entry["name"] = m.name
             if m.tool_calls:
@@ -209,8 +231,17 @@ class PromptBuilder:
             continue_final,
             variables,
         )
+        if image_urls:
+            return await self._off_loop("reading the images", self._read_images, text, image_urls)
         # (what apply_chat_template(tokenize=True) does: the text, without added specials)
-        return await self.lanes.encode(text, add_special_tokens=False, param="messages")
+        return await self.lanes.encode(text, add_special_tokens=False, param="messages"), []
+
+    def _read_images(self, text: str, urls: list[str]) -> tuple[list[int], list[ImageInput]]:
+        try:
+            ids, images = self.images.read(text, urls)
+        except MediaError as e:
+            raise APIError(str(e), param="messages", code="invalid_image") from None
+        return ids, images
 
     def _render(self, conv, add_generation_prompt, continue_final, variables) -> str:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cadence.engine.client import AsyncEngineClient
 from cadence.engine.output_processor import RequestState
@@ -21,6 +21,7 @@ from cadence.entrypoints.prompts import PromptBuilder
 from cadence.entrypoints.streaming import sse
 from cadence.kv_transfer.params import TransferAuthority
 from cadence.lora_request import LoRARequest
+from cadence.multimodal.inputs import ImageInput
 from cadence.sampling_params import SamplingParams
 from cadence.structured.grammar import to_grammar
 
@@ -35,6 +36,7 @@ class Prompt:
     text: str | None
     token_ids: list[int]
     lora: LoRARequest | None = None  # the adapter the request named (None: the base model)
+    images: list[ImageInput] = field(default_factory=list)  # behind its image placeholders
 
 
 class Serving:
@@ -181,7 +183,7 @@ class Serving:
         """The request's states as tokens arrive; `started()` once its first token came
         (the admission ticket's prompt tokens are no longer queued)."""
         async for state in self.client.generate(
-            rid, prompt.text, prompt.token_ids, params, priority, prompt.lora
+            rid, prompt.text, prompt.token_ids, params, priority, prompt.lora, prompt.images
         ):
             started()
             yield state

@@ -33,6 +33,7 @@ from cadence.entrypoints.tool_calls import (
 from cadence.entrypoints.tool_calls import finish_reason as tool_finish_reason
 from cadence.entrypoints.tool_parsers import ToolParser
 from cadence.entrypoints.tool_parsers.hermes import HermesToolParser
+from cadence.multimodal.inputs import ImageInput
 from cadence.sampling_params import SamplingParams
 
 
@@ -117,7 +118,7 @@ class ChatServing(Serving):
         than refused (Anthropic clients send a budget whenever thinking is on)."""
         lora = self.check_model(req.model)
         self.check_transfer(req)
-        plan, ids = await self.render(req)
+        plan, (ids, images) = await self.render(req)
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -153,22 +154,26 @@ class ChatServing(Serving):
         self.admission.check_size(params.n, [len(ids)])
         await self.check_structured(params, "tools" if forced is not None else None)
         rid = rid or random_id("chatcmpl")
-        return ChatJob(rid, now(), Prompt(None, ids, lora), params, plan, top, req.priority)
+        prompt = Prompt(None, ids, lora, images)
+        return ChatJob(rid, now(), prompt, params, plan, top, req.priority)
 
-    async def render(self, req: ChatCompletionRequest) -> tuple[ToolPlan, list[int]]:
-        """The request's tool plan, and its conversation through the template as ids."""
+    async def render(
+        self, req: ChatCompletionRequest
+    ) -> tuple[ToolPlan, tuple[list[int], list[ImageInput]]]:
+        """The request's tool plan, and its conversation through the template as ids (and
+        its images)."""
         try:
             plan = plan_tools(req.tools, req.tool_choice, req.parallel_tool_calls, self.tool_parser)
         except ValueError as e:
             raise APIError(str(e), param="tool_choice") from e
-        ids = await self.prompts.chat(
+        prompt = await self.prompts.chat(
             req.messages,
             req.add_generation_prompt,
             req.continue_final_message,
             req.chat_template_kwargs,
             plan.tools if plan.in_prompt else None,
         )
-        return plan, ids
+        return plan, prompt
 
     def admitted(self, job: ChatJob):
         """Hold the job's place (a context manager yielding the admission ticket)."""

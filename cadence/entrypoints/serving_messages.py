@@ -89,7 +89,7 @@ class MessagesServing:
         """POST /v1/messages/count_tokens: the prompt's tokens, as /v1/messages would see it."""
         chat_req = _translate(req)
         self.chat.check_model(chat_req.model)
-        _, ids = await self.chat.render(chat_req)
+        _, (ids, _) = await self.chat.render(chat_req)
         return {"input_tokens": len(ids)}
 
     def _message(self, job: ChatJob, state: RequestState | None) -> dict[str, Any]:

@@ -72,6 +72,15 @@ class Executor(ABC):
         """An embedding model's pooling (--runner pooling); None: a generative model."""
         return self.driver.pooling
 
+    @property
+    def image_token_id(self) -> int | None:
+        """A vision-language model's image placeholder token; None: a text model."""
+        return self.driver.image_token_id
+
+    def check_images(self, images: list) -> None:
+        """Refuse (ValueError) images this model's encoder cannot take."""
+        self.driver.model.check_images(images)
+
     def check_lora(self, lora: LoRARequest) -> None:
         """Refuse (ValueError) an adapter this engine cannot run: LoRA is off, or the
         folder does not fit the model (every rank's model is the same)."""

@@ -68,6 +68,26 @@ def read_config(path: str) -> SimpleNamespace | None:
     return config
 
 
+def language_view(config):
+    """A vision-language config seen as its language model's (what the KV cache, the
+    attention backends and the decoder read), with the rest beside it: `vision_config`,
+    `image_token_id`, `architectures` (the whole model's) and `vision_language` (the
+    whole config: projector and feature-layer options). Any other config as it is."""
+    text = getattr(config, "text_config", None)
+    if text is None or getattr(config, "vision_config", None) is None:
+        return config
+    token = getattr(config, "image_token_id", None)
+    if token is None:
+        token = getattr(config, "image_token_index", None)
+    if token is None:
+        raise ValueError("a vision-language config without image_token_id")
+    text.architectures = getattr(config, "architectures", None)
+    text.vision_config = config.vision_config
+    text.image_token_id = int(token)
+    text.vision_language = config
+    return text
+
+
 def generation_eos_ids(path: str) -> list[int]:
     """eos_token_id of generation_config.json (an int or a list), if the file exists."""
     try:

@@ -20,7 +20,7 @@ from torch import nn
 from cadence.attention.base import AttentionBackend
 from cadence.distributed.parallel_state import expert_parallel_scope, get_tp
 from cadence.loader.gguf import ensure_float_weights, gguf_source
-from cadence.loader.hf_config import read_config
+from cadence.loader.hf_config import language_view, read_config
 from cadence.models.registry import resolve_model_class
 from cadence.quant import mxfp4, plain_cpu
 from cadence.quant.base import QuantMethod, finish_loading, quant_scope
@@ -37,7 +37,7 @@ def load_hf_config(path: str):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path)
+        return language_view(AutoConfig.from_pretrained(path))
     except (ValueError, KeyError) as e:
         raise ValueError(f"cannot read the model config in {path!r}: {e}") from e
 

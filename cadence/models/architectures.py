@@ -3,7 +3,9 @@ cadence.models, class). Plain data, free of torch, so the CLI can list them.
 
 Adding a family: a file in this package that subclasses DecoderForCausalLM, one line here
 (and its model_type below), one tiny-model case in tests/model_helpers.py (ZOO). A headless
-`XxxModel` maps to the same class: it is served as an embedding model (--runner)."""
+`XxxModel` maps to the same class: it is served as an embedding model (--runner). A
+vision-language family (models/vision_language.py) is composed over its language model's
+class when it loads; cadence/multimodal/families.py says how its API side splits images."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteMoeForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
     "GraniteMoeSharedForCausalLM": ("granite_moe", "GraniteMoeSharedForCausalLM"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "LlamaModel": ("llama", "LlamaForCausalLM"),  # headless: an embedding model
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "MistralModel": ("llama", "MistralForCausalLM"),
@@ -56,6 +59,7 @@ BY_MODEL_TYPE: dict[str, str] = {
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "llama": "LlamaForCausalLM",
+    "llava": "LlavaForConditionalGeneration",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "olmo2": "Olmo2ForCausalLM",

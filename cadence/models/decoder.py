@@ -214,9 +214,15 @@ class DecoderForCausalLM(nn.Module):
         self.aux_layer_ids = tuple(layer_ids)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        images: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] for the step's tokens."""
+        """Hidden states [T, hidden] for the step's tokens. `images` (rows [N], embeddings
+        [N, hidden]): a vision encoder's output, which replaces those rows' token embeddings
+        (after the text embeddings' scale, which images do not take)."""
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:  # rounded to the activations' dtype first, as HF
             scale = self._embed_scale_as.get(x.dtype)
@@ -224,6 +230,8 @@ class DecoderForCausalLM(nn.Module):
                 scale = float(torch.tensor(self.embed_scale, dtype=x.dtype))
                 self._embed_scale_as[x.dtype] = scale
             x = x * scale
+        if images is not None:
+            x = x.index_copy(0, images[0], images[1].to(x.dtype))
         cos_sin = {kind: table.lookup(positions, x.dtype) for kind, table in self.rotary.items()}
         residual = None
         kept: dict[int, torch.Tensor] = {}

@@ -129,7 +129,7 @@ def load_checkpoint(model: nn.Module, weights: Iterable[tuple[str, object]]) -> 
         if name.rpartition(".")[2] not in ("weight", "bias", "sinks", "e_score_correction_bias"):
             continue  # a format's optional extras (scales) default where absent
         owner = modules[name.rpartition(".")[0]]
-        shards = len(owner.shards) if isinstance(owner, ColumnParallelLinear) else 1
+        shards = len(getattr(owner, "shards", ())) or 1  # (a fused layer: each shard)
         missing += [name for i in range(shards) if f"{name}#{i}" not in loaded]
     if missing:
         raise ValueError(

@@ -40,6 +40,7 @@ from cadence.worker.batch_inputs import eager_inputs, layout
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import DecodeGraphs
 from cadence.worker.drafter import Drafter, DrafterFactory, TargetView, verify_and_propose
+from cadence.worker.image_feeder import ImageFeeder
 from cadence.worker.kv_groups import runner_kv_groups
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import num_kv_blocks
@@ -102,6 +103,14 @@ class ModelRunner:
             config.parallel.enable_expert_parallel,
         )
         self.lora = LoRAManager.for_runner(self.model, config, self.dtype, self.device)
+        self.image_token_id: int | None = getattr(self.model, "image_token_id", None)
+        self.images = (
+            None
+            if self.image_token_id is None
+            else ImageFeeder(
+                self.model, self.device, max(8192, config.scheduler.max_num_batched_tokens)
+            )
+        )
         if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
             enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)
         # The pool's element type: the model's, or e4m3 (--kv-cache-dtype fp8).
@@ -263,6 +272,7 @@ class ModelRunner:
                 new.num_computed_tokens,
                 prompt_lp=None if lp is None else PromptLogprobsState(lp),
                 pool=None if pool is None else PoolingState(pool.pooling_type, num_prompt),
+                images=new.images,
             )
             for table, ids in zip(group_tables, new.group_block_ids, strict=True):
                 table.put(row, ids)
@@ -316,6 +326,8 @@ class ModelRunner:
                 )
             if st.pool is not None:
                 pools.append((st.pool, len(input_ids), start, end))
+            if st.images:
+                self.images.plan(st.images, start, end, len(input_ids))
             input_ids.extend(st.token_ids[start:end])
             if end > known:  # async scheduling: the token sampled last step, not read yet
                 assert end == known + 1 == known + st.num_pending, (rid, end, known)
@@ -342,9 +354,10 @@ class ModelRunner:
         for table in (self.tables, *self.group_tables):
             table.sync()  # this step's new blocks, on the device before the gather
         graph_size = mixed_size = None
-        if self.graphs is not None and num_tokens == num_reqs:  # decodes only
+        images = self.images.take() if self.images is not None else None  # (graphs: no images)
+        if self.graphs is not None and num_tokens == num_reqs and images is None:  # decodes
             graph_size = self.graphs.size_for(num_reqs)
-        if graph_size is None and self.mixed_graphs is not None:
+        if graph_size is None and self.mixed_graphs is not None and images is None:
             mixed_size = self.mixed_graphs.size_for(qlens_np, seq_lens_np)
         fill = None
         if fill_rows:
@@ -379,7 +392,7 @@ class ModelRunner:
             if fill is not None:
                 ids_d[fill[0]] = fill[1]
             forward_start = time.perf_counter()
-            hidden = self.model(ids_d, pos_d, meta)
+            hidden = self.model(ids_d, pos_d, meta, images)
         if self.drafter is not None:  # what the proposer reads after verification
             self.drafter.record_step(list(sched.num_scheduled_tokens), lay, hidden, self.tables)
         for pool, row, start, end in pools:

@@ -3,11 +3,12 @@ sampling: shared by the runner, the executors and the drafter (which read, never
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from cadence.layers.sampler import SamplerOutput
+from cadence.multimodal.inputs import ImageInput
 from cadence.sampling_params import SamplingParams
 from cadence.worker.pooling import PoolingState
 from cadence.worker.prompt_logprobs import PromptLogprobsState
@@ -26,6 +27,7 @@ class RequestState:
     num_pending: int = 0  # sampled by a step whose ids have not been read back yet
     prompt_lp: PromptLogprobsState | None = None  # wants prompt logprobs
     pool: PoolingState | None = None  # an embedding model's request: pools its prompt
+    images: list[ImageInput] = field(default_factory=list)  # its images' spans and pixels
 
 
 @dataclass

@@ -93,6 +93,17 @@ def test_chat_basic(client, model_name):
     assert r.usage.completion_tokens >= 1
 
 
+def test_a_text_model_answers_images_with_a_400(http, model_name):
+    png = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
+    content = [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {"url": png}}]
+    r = http.post(
+        "/v1/chat/completions",
+        json={"model": model_name, "messages": [{"role": "user", "content": content}]},
+    )
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "this model does not take images"
+
+
 def test_streaming_equals_non_streaming(client, model_name):
     for kind in ("completion", "chat"):
         if kind == "completion":

@@ -1,0 +1,96 @@
+"""A vision-language model: a language model of one of our families, with an image
+encoder beside it whose output replaces the image placeholder tokens' embeddings.
+
+A family file subclasses `VisionLanguageModel` and says how it encodes (`build_vision`,
+`encode`) and how its checkpoint names its language model; `compose` makes the served
+class: the family's class first, then the language model's decoder class (the config's
+`model_type` chooses it, or the family's `language_model` names one), so every other part
+of the engine sees the decoder it knows (layers, rotary tables, logits), with these extras:
+
+    image_token_id             the placeholder token (the config's)
+    check_images(images)       ValueError for images this encoder cannot take (at admission)
+    encode_images(images)      one [placeholder tokens, hidden] tensor per image, batched
+
+The config it is built from is the language model's (loader/hf_config.py `language_view`),
+with the vision config and the whole config beside it (`vision_config`, `vision_language`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+from cadence.multimodal.inputs import ImageInput
+
+
+class VisionLanguageModel(nn.Module):
+    # Checkpoint name prefixes of the vision side (kept as they are); the rest is the
+    # language model's, under `language_model_prefixes` (stripped before its own mapping).
+    vision_prefixes: tuple[str, ...] = ()
+    language_model_prefixes: tuple[str, ...] = ("language_model.model.", "language_model.")
+    language_model: str | None = None  # an architecture name; None: by the config's model_type
+    image_encoder = True  # (what the registry composes by)
+
+    def __init__(self, config, backend, max_position: int) -> None:
+        super().__init__(config, backend, max_position)
+        self.image_token_id = int(config.image_token_id)
+        self.build_vision(config)
+
+    # ---- the family's hooks --------------------------------------------------------------
+
+    def build_vision(self, config) -> None:
+        raise NotImplementedError
+
+    def check_image(self, image: ImageInput) -> None:
+        """ValueError unless the image's tensors are what `encode` takes."""
+        raise NotImplementedError
+
+    def encode(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def vision_name(self, name: str) -> str | None:
+        """Our name for a vision-side checkpoint tensor (None: skip it)."""
+        return name
+
+    # ---- shared --------------------------------------------------------------------------
+
+    def check_images(self, images: list[ImageInput]) -> None:
+        for i, image in enumerate(images):
+            try:
+                self.check_image(image)
+            except (KeyError, ValueError, IndexError) as e:
+                raise ValueError(f"image {i} does not fit this model's encoder: {e}") from None
+
+    @torch.inference_mode()
+    def encode_images(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        features = self.encode(images)
+        for image, rows in zip(images, features, strict=True):
+            if rows.shape[0] != image.length:
+                raise ValueError(
+                    f"the encoder made {rows.shape[0]} rows for an image of {image.length} "
+                    "placeholder tokens"
+                )
+        return features
+
+    def checkpoint_name(self, name: str) -> str | None:
+        if name.startswith(self.vision_prefixes):
+            return self.vision_name(name)
+        for prefix in self.language_model_prefixes:
+            if name.startswith(prefix):
+                name = name.removeprefix(prefix)
+                break
+        return super().checkpoint_name(name)
+
+    @staticmethod
+    def device_tensor(image: ImageInput, name: str, like: torch.Tensor) -> torch.Tensor:
+        """One of the image's tensors, on `like`'s device (floats in its dtype)."""
+        t = image.tensors[name].to_torch()
+        return t.to(like.device, like.dtype if t.is_floating_point() else t.dtype)
+
+
+@functools.cache
+def compose(family: type[VisionLanguageModel], decoder: type[nn.Module]) -> type[nn.Module]:
+    """The served class: the family's vision parts over `decoder`'s language model."""
+    return type(family.__name__, (family, decoder), {"__module__": family.__module__})

@@ -1,0 +1,120 @@
+"""Images over HTTP (a tiny LLaVA served): OpenAI content parts with data: URLs give
+transformers' greedy tokens, streamed or not, one image or two across turns; /tokenize
+counts the placeholders; bad images, too many images, URLs of hosts not allowed and image
+tokens sent without images are 400 error objects."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_helper import Server
+from vision_helpers import IMAGE_TOKEN_ID, data_url, hf_greedy_with_images, random_image
+
+pytestmark = pytest.mark.slow  # starts a server of its own (make test-fast skips it)
+
+NEW_TOKENS = 8
+GREEDY = {"temperature": 0.0, "max_tokens": NEW_TOKENS, "extra_body": {"ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def served(tiny_vision_model_dir):
+    path = tiny_vision_model_dir("llava")
+    srv = Server(
+        [path, "--dtype", "float32", "--limit-mm-per-prompt", '{"image": 2}']
+        + ["--served-model-name", "m"]
+    )
+    try:
+        srv.wait_ready()
+        yield path, srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def oracle(served):
+    import torch
+    import transformers as tf
+
+    path, _ = served
+    hf = tf.LlavaForConditionalGeneration.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    processor = tf.AutoProcessor.from_pretrained(path)
+
+    def expect(text: str, images: list) -> str:
+        _, tokens = hf_greedy_with_images(hf, processor, text, images, NEW_TOKENS)
+        return processor.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    return expect
+
+
+def _part(image):
+    return {"type": "image_url", "image_url": {"url": data_url(image)}}
+
+
+def test_chat_with_images_equals_transformers_streamed_or_not(served, oracle):
+    from openai import OpenAI
+
+    _, srv = served
+    client = OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    first, second = random_image(40, 50, 1), random_image(70, 30, 2)
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "what is "}, _part(first)]},
+        {"role": "assistant", "content": "a picture"},
+        {"role": "user", "content": [_part(second), {"type": "text", "text": " and this?"}]},
+    ]
+    text = (
+        "<|im_start|>user\nwhat is <image><|im_end|>\n<|im_start|>assistant\na picture"
+        "<|im_end|>\n<|im_start|>user\n<image> and this?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    expected = oracle(text, [first, second])
+    r = client.chat.completions.create(model="m", messages=messages, **GREEDY)
+    assert r.choices[0].message.content == expected
+    assert r.usage.prompt_tokens > 2 * 16  # (each image's 16 placeholders count)
+    stream = client.chat.completions.create(model="m", messages=messages, stream=True, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
+    one = [{"role": "user", "content": [_part(first)]}]
+    r = client.chat.completions.create(model="m", messages=one, **GREEDY)
+    assert r.choices[0].message.content == oracle(
+        "<|im_start|>user\n<image><|im_end|>\n<|im_start|>assistant\n", [first]
+    )
+
+
+def test_tokenize_expands_each_image(served):
+    _, srv = served
+    content = [{"type": "text", "text": "hi "}, _part(random_image(10, 10, 3))]
+    r = httpx.post(srv.url + "/tokenize", json={"messages": [{"role": "user", "content": content}]})
+    assert r.status_code == 200
+    assert r.json()["tokens"].count(IMAGE_TOKEN_ID) == 16
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        ([{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], "decode"),
+        ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}], "fetch"),
+        ([{"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}], "scheme"),
+        ([_part(random_image(8, 8, 4))] * 3, "at most 2"),
+        ([{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}], "tag"),
+    ],
+)
+def test_bad_images_are_400_error_objects(served, content, why):
+    _, srv = served
+    r = httpx.post(
+        srv.url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": content}], "max_tokens": 2},
+    )
+    assert r.status_code == 400, r.text
+    assert why in r.json()["error"]["message"]
+
+
+def test_image_tokens_without_images_are_refused(served):
+    """A client cannot smuggle placeholder tokens (embedding rows no image fills) in."""
+    _, srv = served
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        json={"prompt": [1, 2, IMAGE_TOKEN_ID, 3], "max_tokens": 2},
+    )
+    assert r.status_code == 400
+    assert "image tokens" in r.json()["error"]["message"]
+    assert httpx.get(srv.url + "/health").status_code == 200
