@@ -31,23 +31,26 @@ CHAT_TEMPLATE = (
 )
 
 
-def _tokenizer():
+def _tokenizer(placeholders: list[str] = ("<image>",)):
+    """SmolLM2's tokenizer with the placeholders added after its vocabulary."""
     from transformers import AutoTokenizer
 
     from cadence.loader.model_path import resolve_model_path
 
     tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
-    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
-    assert tok.convert_tokens_to_ids("<image>") == IMAGE_TOKEN_ID
+    tok.add_special_tokens({"additional_special_tokens": list(placeholders)})
+    assert tok.convert_tokens_to_ids(placeholders[0]) == IMAGE_TOKEN_ID
     return tok
 
 
 def save_tiny_vision_model(kind: str, path: str) -> None:
     """A random `kind` model (float32), its processor, tokenizer and chat template."""
-    import transformers as tf
-
+    if kind in ("qwen2_vl", "qwen2_5_vl"):
+        return _save_tiny_qwen_vl(kind, path)
     if kind != "llava":
         raise ValueError(kind)
+    import transformers as tf
+
     vision = tf.CLIPVisionConfig(
         image_size=32,
         patch_size=8,
@@ -83,6 +86,91 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
     ).save_pretrained(path)
 
 
+QWEN_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
+QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>", "<|vision_start|><|image_pad|><|vision_end|>")
+
+
+def _save_tiny_qwen_vl(kind: str, path: str) -> None:
+    """Qwen2-VL / Qwen2.5-VL: 4-pixel patches merged 2x2, M-RoPE sections of 2, 3, 3 over
+    the text's 8 rotary frequencies. (The image processor and tokenizer are saved apart:
+    the model's processor class loads only with torchvision.)"""
+    import transformers as tf
+
+    ids = {t: IMAGE_TOKEN_ID + i for i, t in enumerate(QWEN_TOKENS)}
+    text = {
+        **TEXT,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+        },
+    }
+    vision = dict(depth=3, num_heads=4, patch_size=4, spatial_merge_size=2, temporal_patch_size=2)
+    if kind == "qwen2_vl":
+        vision.update(embed_dim=32, hidden_size=TEXT["hidden_size"], mlp_ratio=2)
+        config_cls, model_cls = tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration
+    else:  # windows of 2x2 merged tokens (16 pixels), full attention in layer 1
+        vision.update(
+            hidden_size=32,
+            out_hidden_size=TEXT["hidden_size"],
+            intermediate_size=48,
+            window_size=16,
+            fullatt_block_indexes=[1],
+        )
+        config_cls, model_cls = tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration
+    config = config_cls(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" in name and p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(path)
+    tok = _tokenizer(QWEN_TOKENS)
+    tok.chat_template = QWEN_TEMPLATE
+    tok.save_pretrained(path)
+    tf.Qwen2VLImageProcessor(
+        min_pixels=8 * 8, max_pixels=48 * 48, patch_size=4, merge_size=2, temporal_patch_size=2
+    ).save_pretrained(path)
+
+
+# Each family's chat-template text for one image, and its transformers class (by name)
+PLACEHOLDERS = {
+    "llava": "<image>",
+    "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+}
+HF_CLASSES = {
+    "llava": "LlavaForConditionalGeneration",
+    "qwen2_vl": "Qwen2VLForConditionalGeneration",
+    "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
+}
+
+
+def hf_vision_model(kind: str, path: str):
+    """transformers' model of `kind` in float32 (eager attention), and what
+    hf_greedy_with_images takes as its processor."""
+    import transformers as tf
+
+    model = (
+        getattr(tf, HF_CLASSES[kind])
+        .from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+        .eval()
+    )
+    processor = tf.AutoProcessor.from_pretrained(path) if kind == "llava" else path
+    return model, processor
+
+
 def random_image(width: int, height: int, seed: int):
     from PIL import Image
 
@@ -98,15 +186,38 @@ def data_url(image, fmt: str = "PNG") -> str:
     return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def qwen_inputs(path: str, text: str, images: list) -> dict:
+    """What Qwen2-VL's processor would give (it loads only with torchvision): the image
+    processor's tensors, and the text with each placeholder repeated per merged patch."""
+    import transformers as tf
+
+    image_processor = tf.AutoImageProcessor.from_pretrained(path)
+    tok = tf.AutoTokenizer.from_pretrained(path)
+    extra = dict(image_processor(images, return_tensors="pt")) if images else {}
+    pieces = text.split("<|image_pad|>")
+    grids = extra.get("image_grid_thw", torch.zeros(0, 3, dtype=torch.long)).tolist()
+    expanded = pieces[0] + "".join(
+        "<|image_pad|>" * (t * h * w // 4) + piece for (t, h, w), piece in zip(grids, pieces[1:])
+    )
+    ids = torch.tensor([tok.encode(expanded, add_special_tokens=False)])
+    return {"input_ids": ids, "mm_token_type_ids": (ids == IMAGE_TOKEN_ID).int(), **extra}
+
+
 @torch.inference_mode()
 def hf_greedy_with_images(model, processor, text: str, images: list, new_tokens: int):
     """transformers' greedy continuation of `text` with `images`, never stopping at EOS,
-    and the prompt's token ids (as its processor expanded them)."""
-    inputs = processor(
-        text=[text], images=images or None, return_tensors="pt", add_special_tokens=False
-    )
+    and the prompt's token ids (as its processor expanded them). `processor`: the model's
+    processor, or the folder of a Qwen-VL model (see qwen_inputs)."""
+    if isinstance(processor, str):
+        inputs = qwen_inputs(processor, text, images)
+    else:
+        inputs = processor(
+            text=[text], images=images or None, return_tensors="pt", add_special_tokens=False
+        )
     ids = inputs["input_ids"]
     extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    if hasattr(model.model, "rope_deltas"):  # Qwen-VL keeps the last prompt's M-RoPE offset
+        model.model.rope_deltas = None  # (which its decode steps would reuse): a new prompt
     out = model(input_ids=ids, use_cache=True, **extra)
     tokens = []
     for _ in range(new_tokens):

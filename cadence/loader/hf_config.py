@@ -81,6 +81,8 @@ def language_view(config):
         token = getattr(config, "image_token_index", None)
     if token is None:
         raise ValueError("a vision-language config without image_token_id")
+    if not hasattr(text, "tie_word_embeddings"):  # (Qwen2-VL's states it for the whole)
+        text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
     text.architectures = getattr(config, "architectures", None)
     text.vision_config = config.vision_config
     text.image_token_id = int(token)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -33,6 +34,9 @@ from cadence.models.fused import norm_linear
 from cadence.models.mlp import GatedMLP
 from cadence.models.moe import SparseMoE
 from cadence.models.weights import load_checkpoint
+
+if TYPE_CHECKING:
+    from cadence.models.vision_language import ImageRows
 
 
 class _Layer(nn.Module):
@@ -218,11 +222,11 @@ class DecoderForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        images: tuple[torch.Tensor, torch.Tensor] | None = None,
+        images: ImageRows | None = None,
     ) -> torch.Tensor:
-        """Hidden states [T, hidden] for the step's tokens. `images` (rows [N], embeddings
-        [N, hidden]): a vision encoder's output, which replaces those rows' token embeddings
-        (after the text embeddings' scale, which images do not take)."""
+        """Hidden states [T, hidden] for the step's tokens. `images`: a vision encoder's
+        output, which replaces those rows' token embeddings (after the text embeddings'
+        scale, which images do not take), and M-RoPE positions where the family has them."""
         x = self.embed_tokens(input_ids)
         if self.embed_scale is not None:  # rounded to the activations' dtype first, as HF
             scale = self._embed_scale_as.get(x.dtype)
@@ -231,7 +235,9 @@ class DecoderForCausalLM(nn.Module):
                 self._embed_scale_as[x.dtype] = scale
             x = x * scale
         if images is not None:
-            x = x.index_copy(0, images[0], images[1].to(x.dtype))
+            x = x.index_copy(0, images.rows, images.embeds.to(x.dtype))
+            if images.positions is not None:
+                positions = images.positions
         cos_sin = {kind: table.lookup(positions, x.dtype) for kind, table in self.rotary.items()}
         residual = None
         kept: dict[int, torch.Tensor] = {}

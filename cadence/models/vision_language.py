@@ -10,6 +10,9 @@ of the engine sees the decoder it knows (layers, rotary tables, logits), with th
     image_token_id             the placeholder token (the config's)
     check_images(images)       ValueError for images this encoder cannot take (at admission)
     encode_images(images)      one [placeholder tokens, hidden] tensor per image, batched
+    mrope_positions(n, images) a family with three-dimensional rotary positions (M-RoPE):
+                               ([3, n] positions of an n-token prompt, the offset of every
+                               later token's position from its index); absent otherwise
 
 The config it is built from is the language model's (loader/hf_config.py `language_view`),
 with the vision config and the whole config beside it (`vision_config`, `vision_language`).
@@ -18,11 +21,20 @@ with the vision config and the whole config beside it (`vision_config`, `vision_
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from cadence.multimodal.inputs import ImageInput
+
+
+class ImageRows(NamedTuple):
+    """What a step's forward pass takes from the vision encoder."""
+
+    rows: torch.Tensor  # [N] rows of the step's tokens whose embeddings are replaced ...
+    embeds: torch.Tensor  # [N, hidden] ... by these
+    positions: torch.Tensor | None = None  # [3, T] the step's M-RoPE positions (else None)
 
 
 class VisionLanguageModel(nn.Module):

@@ -1,12 +1,14 @@
-"""Prompt text and images -> token ids and ImageInputs, by the model's own Hugging Face
-processor (its resizing, normalisation and placeholder expansion are the model's truth).
+"""Prompt text and images -> token ids and ImageInputs: the model's own Hugging Face image
+processor (its resizing and normalisation are the model's truth), its tokenizer, and the
+family's placeholder expansion (cadence/multimodal/families.py).
 
     prompts = ImagePrompts.for_model(path)          # None for a text-only model
     ids, images = prompts.process("USER: <image> what is this?", [pil_image])
 
-The text names each image by the processor's placeholder (`prompts.placeholder`, e.g.
-"<image>"), as the model's chat template writes it; the processor expands each into the
-image's placeholder tokens. CPU work: the API server calls it off the event loop.
+The text names each image once by the family's placeholder (`prompts.placeholder`), as
+the model's chat template writes it; each is expanded to the image's placeholder tokens.
+The model's full processor class is not used: some load only with torchvision (for
+videos), which images do not need. CPU work: the API server runs it off the event loop.
 """
 
 from __future__ import annotations
@@ -17,24 +19,33 @@ import threading
 
 import numpy as np
 
-from cadence.multimodal.families import FAMILIES, Family, image_token_id
+from cadence.multimodal.families import FAMILIES, Family, expand, image_token_id
 from cadence.multimodal.inputs import ImageInput, TensorData, hash_tensors
 from cadence.multimodal.media import MediaError
 
 
 class ImagePrompts:
-    def __init__(self, model_path: str, config: dict, family: Family, token_id: int) -> None:
-        from transformers import AutoProcessor
+    def __init__(self, model_path: str, family: Family, token_id: int) -> None:
+        from transformers import AutoConfig, AutoImageProcessor
 
-        self.config = config
+        from cadence.tokenizer import load_tokenizer
+
         self.family = family
         self.image_token_id = token_id
+        self.placeholder = family.placeholder
         try:
-            self.hf = AutoProcessor.from_pretrained(model_path)
+            self.config = AutoConfig.from_pretrained(model_path)
+            self.images = AutoImageProcessor.from_pretrained(model_path)
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot load the image processor in {model_path!r}: {e}") from e
-        self.placeholder: str = self.hf.image_token
-        # One call at a time: a tokenizer is not safe to share between threads.
+        # A tokenizer of its own: one is not safe to share between threads (one call at a
+        # time here, under the lock).
+        self.tokenizer = load_tokenizer(model_path)
+        if self.tokenizer.convert_tokens_to_ids(self.placeholder) != token_id:
+            raise ValueError(
+                f"the tokenizer does not map the placeholder {self.placeholder!r} to the "
+                f"config's image token {token_id}"
+            )
         self._lock = threading.Lock()
 
     @classmethod
@@ -50,7 +61,7 @@ class ImagePrompts:
         token_id = image_token_id(config)
         if token_id is None:
             return None
-        return cls(model_path, config, FAMILIES[config["model_type"]], token_id)
+        return cls(model_path, FAMILIES[config["model_type"]], token_id)
 
     def process(
         self, text: str, images: list, add_special_tokens: bool = False
@@ -63,30 +74,22 @@ class ImagePrompts:
                 f"the prompt names {found} images ({self.placeholder!r}) but {len(images)} "
                 "were sent"
             )
+        per_image: list[dict] = []
+        if images:
+            pixels = self.images(images, return_tensors="np")
+            arrays = {k: np.asarray(v) for k, v in pixels.items()}
+            per_image = self.family.split(arrays, len(images))
+        counts = [self.family.tokens(tensors, self.config) for tensors in per_image]
         with self._lock:
-            out = self.hf(
-                text=[text],
-                images=images or None,
-                return_tensors="np",
-                add_special_tokens=add_special_tokens,
+            ids = self.tokenizer.encode(
+                expand(text, self.placeholder, counts), add_special_tokens=add_special_tokens
             )
-        ids = [int(t) for t in out["input_ids"][0]]
-        if not images:
-            return ids, []
-        pixels = {
-            k: np.asarray(v) for k, v in out.items() if k not in ("input_ids", "attention_mask")
-        }
-        per_image = self.family.split(pixels, len(images))
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        share = len(positions) // len(images)
+        if len(positions) != sum(counts):
+            raise MediaError("the text around the placeholders merged into image tokens")
         inputs, taken = [], 0
-        for tensors in per_image:
-            length = self.family.tokens(tensors, self.config, share)
-            if taken + length > len(positions):
-                raise MediaError("the processor placed fewer image tokens than the images need")
+        for tensors, count in zip(per_image, counts):
             wire = {name: TensorData.of_numpy(value) for name, value in tensors.items()}
-            inputs.append(ImageInput(hash_tensors(wire), positions[taken], length, wire))
-            taken += length
-        if taken != len(positions):
-            raise MediaError("the processor placed more image tokens than the images need")
+            inputs.append(ImageInput(hash_tensors(wire), positions[taken], count, wire))
+            taken += count
         return ids, inputs

@@ -1,24 +1,35 @@
-"""Images into a step: the vision encoder's output for the placeholder tokens a step runs.
+"""Images into a step: the vision encoder's output for the placeholder tokens a step runs,
+and the rotary positions of families whose positions are not token indices (M-RoPE).
 
-    feeder.plan(images, start, end, first_row)   per request: its tokens [start, end) sit
-                                                 at the step's rows from first_row on
-    feeder.take() -> (rows, embeddings) | None    after planning every request: encode the
-                                                 images not cached (one batched call), and
-                                                 the rows they fill with what
+    feeder.plan(state, start, end, first_row)   per request with images: its query tokens
+                                                [start, end) sit at the step's rows from
+                                                first_row on
+    feeder.take(layout) -> ImageRows | None      after planning every request: encode the
+                                                images not cached (one batched call); the
+                                                rows they fill with what; M-RoPE positions
 
 A chunked prompt may split an image's placeholders across steps, and a prefix-cache hit
 may start inside them: an image is encoded whole and its features kept by content hash
 (LRU, up to `cache_tokens` rows), so each step takes the slice it runs and the next chunk,
 a preempted request's recompute or another request with the same image reuses them.
+
+M-RoPE (models/qwen2_vl.py): a request's text positions are shifted from its token indices
+after an image; `take` writes the shifted positions into the step's layout (a one-stream
+position, which graphs replay as any), and for a step that runs image tokens builds the
+three streams, which the forward pass reads instead.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
+from cadence.models.vision_language import ImageRows
 from cadence.multimodal.inputs import ImageInput
+from cadence.worker.batch_inputs import StepLayout
+from cadence.worker.step_state import RequestState
 
 
 class ImageFeeder:
@@ -28,31 +39,56 @@ class ImageFeeder:
         self.cache_tokens = cache_tokens
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()  # hash -> [rows, hidden]
         self.cached_rows = 0
+        self.mrope = hasattr(model, "mrope_positions")
         self._planned: list[tuple[ImageInput, int, int, int]] = []  # image, lo, hi, row
+        self._shifted: list[tuple[int, int, int, tuple]] = []  # row, start, end, mrope
         self.num_encoded = 0  # images run through the encoder (cache misses), since start
         self.num_reused = 0  # images a step found cached
 
-    @property
-    def pending(self) -> bool:
-        """Whether the step being planned runs image tokens (it cannot replay a graph)."""
-        return bool(self._planned)
-
-    def plan(self, images: list[ImageInput], start: int, end: int, first_row: int) -> None:
-        for image in images:
+    def plan(self, state: RequestState, start: int, end: int, first_row: int) -> None:
+        for image in state.images:
             lo, hi = max(image.offset, start), min(image.end, end)
             if lo < hi:
                 self._planned.append(
                     (image, lo - image.offset, hi - image.offset, first_row + lo - start)
                 )
+        if self.mrope:
+            if state.mrope is None:
+                state.mrope = self.model.mrope_positions(state.num_prompt_tokens, state.images)
+            self._shifted.append((first_row, start, end, state.mrope))
 
-    def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def take(self, layout: StepLayout) -> ImageRows | None:
+        three = self._positions(layout) if self._shifted else None
         if not self._planned:
             return None
         planned, self._planned = self._planned, []
         features = self._features({image.content_hash: image for image, *_ in planned})
         rows = torch.cat([torch.arange(row, row + hi - lo) for _, lo, hi, row in planned])
         embeds = torch.cat([features[image.content_hash][lo:hi] for image, lo, hi, _ in planned])
-        return rows.to(self.device, non_blocking=True), embeds
+        if three is not None:
+            three = torch.from_numpy(three).to(self.device, non_blocking=True)
+        return ImageRows(rows.to(self.device, non_blocking=True), embeds, three)
+
+    def _positions(self, layout: StepLayout) -> np.ndarray | None:
+        """Shift the M-RoPE requests' positions in `layout` (a new array: the old one may be
+        its `starts`); the three streams when the step runs image tokens, else None."""
+        shifted, self._shifted = self._shifted, []
+        flat = layout.positions.copy()
+        prompt_rows = []
+        for row, start, end, (table, delta) in shifted:
+            prompt_end = min(end, table.shape[1])
+            if start < prompt_end:
+                flat[row : row + prompt_end - start] = table[0, start:prompt_end]
+                prompt_rows.append((row, start, prompt_end, table))
+            later = row + max(prompt_end - start, 0)
+            flat[later : row + end - start] += delta
+        layout.positions = flat
+        if not self._planned:
+            return None
+        three = np.tile(flat, (3, 1))
+        for row, start, end, table in prompt_rows:
+            three[:, row : row + end - start] = table[:, start:end]
+        return three
 
     def _features(self, images: dict[str, ImageInput]) -> dict[str, torch.Tensor]:
         """Every named image's encoder output: cached ones as they are, the rest encoded

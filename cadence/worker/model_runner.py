@@ -327,7 +327,7 @@ class ModelRunner:
             if st.pool is not None:
                 pools.append((st.pool, len(input_ids), start, end))
             if st.images:
-                self.images.plan(st.images, start, end, len(input_ids))
+                self.images.plan(st, start, start + n, len(input_ids))
             input_ids.extend(st.token_ids[start:end])
             if end > known:  # async scheduling: the token sampled last step, not read yet
                 assert end == known + 1 == known + st.num_pending, (rid, end, known)
@@ -348,13 +348,14 @@ class ModelRunner:
         dev, bs = self.device, self.block_size
         num_reqs, num_tokens = len(rows), len(input_ids)
         lay = layout(rows, starts, query_lens, self.tables, bs, self.group_tables)
-        rows_np, qlens_np, positions, slots = lay.rows, lay.query_lens, lay.positions, lay.slots
+        rows_np, qlens_np, slots = lay.rows, lay.query_lens, lay.slots
         seq_lens_np = lay.seq_lens
         width = int(self.tables.num_blocks[rows_np].max())
         for table in (self.tables, *self.group_tables):
             table.sync()  # this step's new blocks, on the device before the gather
         graph_size = mixed_size = None
-        images = self.images.take() if self.images is not None else None  # (graphs: no images)
+        images = self.images.take(lay) if self.images is not None else None  # (M-RoPE: moves
+        # lay.positions; a step of image tokens runs eager)
         if self.graphs is not None and num_tokens == num_reqs and images is None:  # decodes
             graph_size = self.graphs.size_for(num_reqs)
         if graph_size is None and self.mixed_graphs is not None and images is None:
@@ -365,14 +366,14 @@ class ModelRunner:
             fill = (fill_d[0], self._last_tokens[fill_d[1]])
         if graph_size is not None:
             token_inputs = np.stack(
-                [np.array(input_ids), positions, slots, seq_lens_np, *lay.group_slots, rows_np]
+                [np.array(input_ids), lay.positions, slots, seq_lens_np, *lay.group_slots, rows_np]
             )
             forward_start = time.perf_counter()
             hidden = self.graphs.run(
                 graph_size, token_inputs, self.tables, width, fill, self.group_tables
             )
         elif mixed_size is not None:
-            tokens = np.stack([np.array(input_ids), positions, slots, *lay.group_slots])
+            tokens = np.stack([np.array(input_ids), lay.positions, slots, *lay.group_slots])
             forward_start = time.perf_counter()
             hidden = self.mixed_graphs.run(
                 mixed_size,

@@ -28,6 +28,7 @@ class RequestState:
     prompt_lp: PromptLogprobsState | None = None  # wants prompt logprobs
     pool: PoolingState | None = None  # an embedding model's request: pools its prompt
     images: list[ImageInput] = field(default_factory=list)  # its images' spans and pixels
+    mrope: tuple | None = None  # M-RoPE: (prompt positions [3, n], later offset), once
 
 
 @dataclass
