@@ -269,6 +269,24 @@ class ServerMetrics:
             registry=r,
         )
         self._lora_names: set[str] = set()  # adapters with a series (set to 0 when idle)
+        self.images_encoded = Counter(
+            "cadence:images_encoded",
+            "Images run through the vision encoder (not found in its cache)",
+            labels,
+            registry=r,
+        )
+        self.image_cache_hits = Counter(
+            "cadence:image_encoder_cache_hits",
+            "Images whose encoder output a step found cached (by content hash)",
+            labels,
+            registry=r,
+        )
+        self.image_tokens = Counter(
+            "cadence:image_tokens",
+            "Prompt placeholder tokens filled with image features",
+            labels,
+            registry=r,
+        )
         self.queue_time = Histogram(
             "cadence:request_queue_time_seconds",
             "Arrival to first scheduled",
@@ -297,6 +315,9 @@ class ServerMetrics:
             "kv_transfer_load_seconds": self.kv_load_seconds,
             "kv_transfer_saved_tokens": self.kv_saved_tokens,
             "lora_slot_loads": self.lora_slot_loads,
+            "images_encoded": self.images_encoded,
+            "image_cache_hits": self.image_cache_hits,
+            "image_tokens": self.image_tokens,
         }
         self._last_per_pos: list[int] = []
         self._last_lengths: list[int] = []

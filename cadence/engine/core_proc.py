@@ -378,6 +378,8 @@ class EngineLoop:
             stats.lora_running = s.lora.running
             stats.lora_waiting = s.lora.waiting
             stats.lora_slot_loads = s.lora.slot_loads
+        if (images := self.core.runner.image_totals) is not None:
+            stats.images_encoded, stats.image_cache_hits, stats.image_tokens = images
         if s.spec is not None:
             stats.spec_verifications = s.spec.num_verifications
             stats.spec_draft_tokens = s.spec.num_draft_tokens

@@ -80,6 +80,11 @@ class EngineStats(msgspec.Struct, array_like=True):
     lora_running: dict[str, int] = {}
     lora_waiting: dict[str, int] = {}
     lora_slot_loads: int = 0
+    # Vision-language models, cumulative: images encoded, found in the encoder's cache,
+    # and the placeholder tokens their features filled
+    images_encoded: int = 0
+    image_cache_hits: int = 0
+    image_tokens: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True, tag="out"):

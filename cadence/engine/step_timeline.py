@@ -36,6 +36,8 @@ FIELDS = (
     "prefill_tokens",  # prompt tokens computed (chunks, recomputation after preemption)
     "decode_seqs",  # sequences past their prompt (one token each, plus drafts)
     "preempted",  # sequences preempted by this step's schedule
+    "image_tokens",  # placeholder tokens filled with image features (vision-language models)
+    "encode_ms",  # of prepare: the vision encoder's (host time, as forward's)
 )
 
 
@@ -69,9 +71,10 @@ class StepTimeline:
             self._acc[phase] += now - self._last
             self._last = now
 
-    def commit(self, sched) -> None:
-        """Close the step begun last: `sched` is the SchedulerOutput it ran. A step that
-        ran nothing is dropped. (Kept raw; snapshot() does the arithmetic.)"""
+    def commit(self, sched, images: tuple[int, int, float] | None = None) -> None:
+        """Close the step begun last: `sched` is the SchedulerOutput it ran, `images` its
+        (image tokens, images encoded, encoder seconds). A step that ran nothing is
+        dropped. (Kept raw; snapshot() does the arithmetic.)"""
         if sched is None or sched.is_empty:
             return
         self.num_steps += 1
@@ -87,6 +90,7 @@ class StepTimeline:
                 sched.num_decode_tokens,
                 sched.num_decode_seqs,
                 len(sched.preempted_ids),
+                images or (0, 0, 0.0),
             )
         )
 
@@ -114,8 +118,10 @@ class StepTimeline:
                         tokens - decode_tokens,
                         decode_seqs,
                         preempted,
+                        images[0],
+                        round(images[2] * 1e3, 4),
                     ),
                 )
             )
-            for step_id, start, acc, seqs, tokens, decode_tokens, decode_seqs, preempted in out
+            for step_id, start, acc, seqs, tokens, decode_tokens, decode_seqs, preempted, images in out
         ]

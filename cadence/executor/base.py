@@ -77,6 +77,21 @@ class Executor(ABC):
         """A vision-language model's image placeholder token; None: a text model."""
         return self.driver.image_token_id
 
+    @property
+    def image_step(self) -> tuple[int, int, float] | None:
+        """The last step's (image tokens, images encoded, encoder seconds); None: a text
+        model."""
+        feeder = self.driver.images
+        return None if feeder is None else feeder.last
+
+    @property
+    def image_totals(self) -> tuple[int, int, int] | None:
+        """(images encoded, images found in the encoder's cache, image tokens) since start."""
+        feeder = self.driver.images
+        return (
+            None if feeder is None else (feeder.num_encoded, feeder.num_reused, feeder.num_tokens)
+        )
+
     def check_images(self, images: list) -> None:
         """Refuse (ValueError) images this model's encoder cannot take."""
         self.driver.model.check_images(images)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
 import msgspec
 
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 # What an image's tensors may be: the processors' pixel values and grid sizes.
 DTYPES: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8}
 
@@ -88,7 +90,7 @@ def check_images(
     for i, image in enumerate(images):
         if image.length <= 0 or image.offset < end or image.end > len(prompt_token_ids):
             raise ValueError(f"image {i}: its placeholder span is out of order or outside")
-        if len(image.content_hash) != 64:
+        if not _HEX64.fullmatch(image.content_hash):
             raise ValueError(f"image {i}: content_hash must be a hex sha256")
         for name, tensor in image.tensors.items():
             tensor.check(f"image {i}'s {name}")

@@ -21,6 +21,7 @@ three streams, which the forward pass reads instead.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -44,6 +45,10 @@ class ImageFeeder:
         self._shifted: list[tuple[int, int, int, tuple]] = []  # row, start, end, mrope
         self.num_encoded = 0  # images run through the encoder (cache misses), since start
         self.num_reused = 0  # images a step found cached
+        self.num_tokens = 0  # placeholder tokens filled with image features
+        # The last step's (placeholder tokens filled, images encoded, encoder seconds: on
+        # a GPU its launches, as the step timeline's forward phase), for the timeline.
+        self.last: tuple[int, int, float] = (0, 0, 0.0)
 
     def plan(self, state: RequestState, start: int, end: int, first_row: int) -> None:
         for image in state.images:
@@ -59,11 +64,15 @@ class ImageFeeder:
 
     def take(self, layout: StepLayout) -> ImageRows | None:
         three = self._positions(layout) if self._shifted else None
+        self.last = (0, 0, 0.0)
         if not self._planned:
             return None
         planned, self._planned = self._planned, []
+        encoded, t0 = self.num_encoded, time.perf_counter()
         features = self._features({image.content_hash: image for image, *_ in planned})
         rows = torch.cat([torch.arange(row, row + hi - lo) for _, lo, hi, row in planned])
+        self.num_tokens += len(rows)
+        self.last = (len(rows), self.num_encoded - encoded, time.perf_counter() - t0)
         embeds = torch.cat([features[image.content_hash][lo:hi] for image, lo, hi, _ in planned])
         if three is not None:
             three = torch.from_numpy(three).to(self.device, non_blocking=True)

@@ -80,6 +80,22 @@ def test_chat_with_images_equals_transformers_streamed_or_not(served, oracle):
     )
 
 
+def test_metrics_and_the_step_timeline_show_the_encoder(served):
+    from server_helper import metric
+
+    _, srv = served
+    http = httpx.Client(base_url=srv.url)
+    before = metric(http, "cadence:images_encoded_total")
+    content = [_part(random_image(12, 12, 20)), {"type": "text", "text": "hi"}]
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 2}
+    for _ in range(2):  # the second finds the image's prompt (and features) cached
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    assert metric(http, "cadence:images_encoded_total") == before + 1
+    assert metric(http, "cadence:image_tokens_total") >= 16
+    steps = http.get("/v1/engine/steps").json()["steps"]
+    assert any(s["image_tokens"] == 16 and s["encode_ms"] > 0 for s in steps)
+
+
 def test_tokenize_expands_each_image(served):
     _, srv = served
     content = [{"type": "text", "text": "hi "}, _part(random_image(10, 10, 3))]
