@@ -41,11 +41,19 @@ CHAT_TEMPLATE = (
 WORDS = " hello" * 56  # (56 tokens: with the template's, 64 text tokens a prompt)
 
 
-def make_folder(config_dir: str, tokenizer_dir: str) -> str:
+def make_folder(config_dir: str, tokenizer_dir: str, vocab: int | None = None) -> str:
+    """`vocab`: the language model's vocabulary cut to this (the tokenizer's, rounded up):
+    a streaming client then sees text for (nearly) every token the dummy model samples,
+    as in benchmarks/device_wheels.sh's llama8b-v49k."""
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
     out = tempfile.mkdtemp(prefix="vision-bench-")
-    shutil.copy(os.path.join(config_dir, "config.json"), out)
+    with open(os.path.join(config_dir, "config.json")) as f:
+        config = json.load(f)
+    if vocab:
+        config["text_config"]["vocab_size"] = vocab
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     tok.add_special_tokens({"additional_special_tokens": TOKENS})
     assert tok.convert_tokens_to_ids(TOKENS[0]) == 49152
@@ -144,6 +152,7 @@ def main() -> None:
     p.add_argument("--config", default=os.path.join(ROOT, "qwen2.5-vl-7b"), help="its folder")
     p.add_argument("--load-format", default="dummy")
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--vocab", type=int, default=None, help="cut the vocabulary to this")
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--output-len", type=int, default=128)
@@ -153,7 +162,7 @@ def main() -> None:
     if args.dataset:
         path, n, seed = args.dataset
         return write_dataset(path, int(n), args.image_size, int(seed), args.output_len)
-    folder = make_folder(args.config, args.tokenizer)
+    folder = make_folder(args.config, args.tokenizer, args.vocab)
     if args.make_folder:
         return print(folder)
 

@@ -18,8 +18,6 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from cadence.multimodal.media import image_limit
-
 logger = logging.getLogger(__name__)
 
 
@@ -86,6 +84,18 @@ class ModelConfig:
     pooler_config: str | None = None  # JSON: {"pooling_type": "MEAN", "normalize": false}
     # Vision-language models: the most images one prompt may carry (default 16).
     limit_mm_per_prompt: str | None = None  # JSON: {"image": 4} (LLM(...) takes a dict too)
+
+    def images_per_prompt(self) -> int:
+        """The most images a prompt may carry, from limit_mm_per_prompt ('{"image": 4}')."""
+        limits = self.limit_mm_per_prompt
+        try:
+            limits = json.loads(limits) if isinstance(limits, str) else limits or {}
+            count = limits.get("image", 16) if set(limits) <= {"image"} else None
+        except (ValueError, AttributeError, TypeError):
+            count = None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise ValueError(f'limit_mm_per_prompt must be like {{"image": 4}}: {limits!r}')
+        return count
 
 
 RUNNERS = ("auto", "generate", "pooling")
@@ -369,7 +379,7 @@ class EngineConfig:
             "fp32",
         ):
             raise ValueError(f"unknown dtype {self.model.dtype!r}")
-        image_limit(self.model.limit_mm_per_prompt)  # (raises on a malformed limit)
+        self.model.images_per_prompt()  # (raises on a malformed limit)
         if c.prefix_cache not in ("hash", "radix"):
             raise ValueError(f"prefix_cache must be hash or radix, got {c.prefix_cache!r}")
         if c.radix_eviction_policy not in ("lru", "lfu"):

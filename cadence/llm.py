@@ -22,7 +22,7 @@ from cadence.engine.output_processor import OutputProcessor, sample_params
 from cadence.lora_request import LoRARequest
 from cadence.multimodal.chat import ImageReader, template_conversation
 from cadence.multimodal.inputs import ImageInput
-from cadence.multimodal.media import MediaPolicy, image_limit
+from cadence.multimodal.media import MediaPolicy
 from cadence.multimodal.processor import ImagePrompts
 from cadence.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from cadence.sampling_params import SamplingParams
@@ -54,7 +54,7 @@ class LLM:
         self.images: ImageReader | None = None
         if self.engine.runner.image_token_id is not None and self.tokenizer is not None:
             processor = ImagePrompts.for_model(self.engine.runner.model_path)
-            limit = image_limit(config.model.limit_mm_per_prompt)
+            limit = config.model.images_per_prompt()
             self.images = ImageReader(processor, MediaPolicy(), limit)
 
     # ---- public API -------------------------------------------------------------------

@@ -56,7 +56,7 @@ from cadence.entrypoints.web_ui import install_web_ui
 from cadence.kv_transfer.params import TransferAuthority
 from cadence.metrics import ServerMetrics
 from cadence.multimodal.chat import ImageReader
-from cadence.multimodal.media import MediaPolicy, image_limit
+from cadence.multimodal.media import MediaPolicy
 from cadence.multimodal.processor import ImagePrompts
 from cadence.tokenizer import load_tokenizer
 
@@ -127,7 +127,7 @@ def create_app(
         if ready.image_token_id is not None and tokenizer is not None:
             processor = await asyncio.to_thread(ImagePrompts.for_model, path)
             policy = MediaPolicy(opts.allowed_media_domains)
-            images = ImageReader(processor, policy, image_limit(config.model.limit_mm_per_prompt))
+            images = ImageReader(processor, policy, config.model.images_per_prompt())
         prompts = await asyncio.to_thread(
             PromptBuilder, tokenizer, ready.max_model_len, images=images
         )

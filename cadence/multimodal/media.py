@@ -34,29 +34,6 @@ _DATA_URL = re.compile(
 )
 
 
-DEFAULT_IMAGES_PER_PROMPT = 16
-
-
-def image_limit(limit_mm_per_prompt: str | dict | None) -> int:
-    """The most images a prompt may carry, from --limit-mm-per-prompt ('{"image": 4}')."""
-    if limit_mm_per_prompt is None:
-        return DEFAULT_IMAGES_PER_PROMPT
-    limits = limit_mm_per_prompt
-    if isinstance(limits, str):
-        import json
-
-        try:
-            limits = json.loads(limits)
-        except ValueError:
-            raise ValueError(f"limit_mm_per_prompt is not JSON: {limit_mm_per_prompt!r}") from None
-    if not isinstance(limits, dict) or set(limits) - {"image"}:
-        raise ValueError('limit_mm_per_prompt must be like {"image": 4} (images only)')
-    count = limits.get("image", DEFAULT_IMAGES_PER_PROMPT)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(f"limit_mm_per_prompt's image count must be an integer >= 0: {count!r}")
-    return count
-
-
 class MediaError(ValueError):
     """An image that cannot be used: the message says why (a 400 over HTTP)."""
 

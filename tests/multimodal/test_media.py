@@ -11,7 +11,8 @@ import threading
 import pytest
 from vision_helpers import data_url, random_image
 
-from cadence.multimodal.media import MediaError, MediaPolicy, image_limit, load_image
+from cadence.config import ModelConfig
+from cadence.multimodal.media import MediaError, MediaPolicy, load_image
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF", "BMP"])
@@ -94,9 +95,12 @@ def test_allowed_hosts_are_fetched_within_bounds_without_redirects(image_host):
         load_image(image_host + "/a.png", MediaPolicy(("127.0.0.1",), max_bytes=64))
 
 
-def test_image_limit_reads_vllms_json():
-    assert image_limit(None) == 16
-    assert image_limit('{"image": 3}') == 3 and image_limit({"image": 0}) == 0
+def test_the_image_limit_reads_vllms_json():
+    def limit(value):
+        return ModelConfig(limit_mm_per_prompt=value).images_per_prompt()
+
+    assert limit(None) == 16
+    assert limit('{"image": 3}') == 3 and limit({"image": 0}) == 0
     for bad in ('{"video": 1}', "[1]", '{"image": -1}', "nope"):
         with pytest.raises(ValueError):
-            image_limit(bad)
+            limit(bad)

@@ -150,6 +150,7 @@ class SilentCore:
 
     class runner:
         num_blocks = 16
+        image_totals = None  # a text model
 
     config = EngineConfig()
     timeline = StepTimeline(0)
