@@ -137,6 +137,12 @@ def engine_stats(state: dict) -> dict:
             "generation": int(m.get("cadence:generation_tokens_total", 0)),
         },
         "preemptions": s.num_preemptions,
+        "images": {  # a vision-language model's (accepted: the chat may attach images)
+            "accepted": ready.image_token_id is not None,
+            "encoded": s.images_encoded,
+            "cache_hits": s.image_cache_hits,
+            "tokens": s.image_tokens,
+        },
         "kv_transfer": {
             "loads": s.kv_transfer_loads,
             "loaded_tokens": s.kv_transfer_loaded_tokens,

@@ -5,8 +5,8 @@ messages (before the turn's text), an assistant turn's `tool_use` blocks its too
 tools' `input_schema` the functions' parameters; tool_choice auto / any / tool / none the
 chat's auto / required / named / none (`disable_parallel_tool_use`: one call at most);
 `stop_sequences` the stop strings; `output_config.format` (a JSON schema) the
-response_format; an assistant turn last (a prefill) is continued, not answered. Images
-and documents are 400s until the server reads them (issue 34).
+response_format; an assistant turn last (a prefill) is continued, not answered. A user
+turn's image blocks (base64 or url sources) become image_url parts; documents are 400s.
 """
 
 from __future__ import annotations
@@ -105,12 +105,16 @@ def chat_messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         texts: list[str] = []
+        parts: list[dict[str, Any]] = []  # text and images in order, where there are images
         calls: list[dict[str, Any]] = []
         results: list[dict[str, Any]] = []
         for j, b in enumerate(_blocks(m.content, where)):
             kind = b["type"]
             if kind == "text":
                 texts.append(str(b.get("text", "")))
+                parts.append({"type": "text", "text": texts[-1]})
+            elif kind == "image" and m.role == "user":
+                parts.append(_image_part(b.get("source"), f"{where}.content[{j}]"))
             elif kind == "tool_use" and m.role == "assistant":
                 if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str):
                     raise ValueError(f"{where}.content[{j}]: tool_use needs an id and a name")
@@ -137,9 +141,25 @@ def chat_messages(messages: list[AnthropicMessage]) -> list[dict[str, Any]]:
             if calls:
                 msg["tool_calls"] = calls
             out.append(msg)
+        elif len(parts) > len(texts):  # (images among them)
+            out.append({"role": "user", "content": parts})
         elif texts or not results:
             out.append({"role": "user", "content": "".join(texts)})
     return out
+
+
+def _image_part(source: Any, where: str) -> dict[str, Any]:
+    """An Anthropic image block's source as an OpenAI image_url part: base64 data becomes a
+    data: URL, a url stays one (the server's media policy decides whether it is fetched)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type") or "image/png"
+        url = f"data:{media};base64,{source['data']}"
+    elif kind == "url" and isinstance(source.get("url"), str):
+        url = source["url"]
+    else:
+        raise ValueError(f"{where}: an image source is base64 data or a url")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def to_chat(req: MessagesRequest) -> ChatCompletionRequest:

@@ -3,9 +3,9 @@
 A Responses request becomes a ChatCompletionRequest (the one internal form the
 conversational APIs share): `instructions` the system message, `input` items the messages
 (function calls an assistant's tool_calls, their outputs tool messages), `text.format` the
-response_format, function tools chat tools, `max_output_tokens` max_completion_tokens.
-Fields that steer what we cannot do (hosted tools, images before issue 34) are 400s, not
-silently dropped.
+response_format, function tools chat tools, `max_output_tokens` max_completion_tokens,
+`input_image` parts image_url parts (for a vision-language model). Fields that steer what
+we cannot do (hosted tools, files, audio) are 400s, not silently dropped.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
                 raise ValueError(f"input[{i}].role must be user, assistant, system or developer")
-            out.append({"role": role, "content": _text_of(item.get("content"), f"input[{i}]")})
+            out.append({"role": role, "content": _content_of(item.get("content"), f"input[{i}]")})
         elif kind == "function_call":
             call = {
                 "id": _string(item, "call_id", i),
@@ -141,6 +141,25 @@ def _string(item: dict, key: str, i: int) -> str:
     return value
 
 
+def _content_of(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A message's content as chat content: its text, or with input_image parts, chat
+    parts in order (an image as an image_url part: a data: or http(s) URL)."""
+    if not isinstance(content, list) or not any(
+        isinstance(p, dict) and p.get("type") == "input_image" for p in content
+    ):
+        return _text_of(content, where)
+    parts = []
+    for j, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise ValueError(f"{where}.content[{j}]: input_image needs an image_url")
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+        else:
+            parts.append({"type": "text", "text": _text_of([part], where)})
+    return parts
+
+
 def _text_of(content: Any, where: str) -> str:
     """A message's content (text, or a list of text parts) as one string."""
     if content is None:
@@ -156,7 +175,7 @@ def _text_of(content: Any, where: str) -> str:
             texts.append(str(part.get("text", "")))
         elif kind == "refusal":
             texts.append(str(part.get("refusal", "")))
-        elif kind in ("input_image", "input_file", "input_audio"):
+        elif kind in ("input_image", "input_file", "input_audio"):  # (images: _content_of)
             raise ValueError(f"{where}.content[{j}]: {kind} is not supported by this server")
         else:
             raise ValueError(f"{where}.content[{j}]: unknown part type {kind!r}")

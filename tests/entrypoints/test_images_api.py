@@ -96,6 +96,43 @@ def test_metrics_and_the_step_timeline_show_the_encoder(served):
     assert any(s["image_tokens"] == 16 and s["encode_ms"] > 0 for s in steps)
 
 
+def test_responses_and_messages_take_images_as_chat_does(served, oracle):
+    import anthropic
+    from openai import OpenAI
+
+    _, srv = served
+    image = random_image(36, 28, 21)
+    url = data_url(image)
+    expected = oracle("<|im_start|>user\nname <image><|im_end|>\n<|im_start|>assistant\n", [image])
+    client = OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+    content = [{"type": "input_text", "text": "name "}, {"type": "input_image", "image_url": url}]
+    r = client.responses.create(
+        model="m",
+        input=[{"role": "user", "content": content}],
+        max_output_tokens=NEW_TOKENS,
+        temperature=0.0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.output_text == expected
+    claude = anthropic.Anthropic(base_url=srv.url, api_key="none", max_retries=0)
+    source = {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}
+    msg = claude.messages.create(
+        model="m",
+        max_tokens=NEW_TOKENS,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "name "},
+                    {"type": "image", "source": source},
+                ],
+            }
+        ],
+        extra_body={"ignore_eos": True, "temperature": 0.0},  # (the SDK no longer types it)
+    )
+    assert msg.content[0].text == expected
+
+
 def test_tokenize_expands_each_image(served):
     _, srv = served
     content = [{"type": "text", "text": "hi "}, _part(random_image(10, 10, 3))]
@@ -134,3 +171,36 @@ def test_image_tokens_without_images_are_refused(served):
     assert r.status_code == 400
     assert "image tokens" in r.json()["error"]["message"]
     assert httpx.get(srv.url + "/health").status_code == 200
+
+
+def test_the_web_chat_attaches_an_image(served, tmp_path):
+    """The web UI offers the picker for a model that takes images, shows the preview, and
+    sends the image as the API's content parts: its answer is the API's for them."""
+    from browser_helper import browser_page, wait_until
+
+    _, srv = served
+    image = random_image(30, 30, 22)
+    image.save(tmp_path / "cat.png")
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": [_part(image), {"type": "text", "text": "what?"}]}
+        ],
+        "max_tokens": NEW_TOKENS,
+        "temperature": 0.0,
+    }
+    expected = httpx.post(srv.url + "/v1/chat/completions", json=body).json()
+    with browser_page(srv.url + "/") as page:
+        wait_until(page, lambda: page.is_visible("#attach"), what="the image button")
+        page.fill("#temperature", "0")
+        page.fill("#max-tokens", str(NEW_TOKENS))
+        page.set_input_files("#image-file", str(tmp_path / "cat.png"))
+        wait_until(page, lambda: page.query_selector("#attachments img"), what="the preview")
+        page.fill("#chat-input", "what?")
+        page.press("#chat-input", "Enter")
+        page.wait_for_selector(".msg.assistant .meta", timeout=60_000)
+        assert page.query_selector(".msg.user .images img") is not None
+        assert page.is_hidden("#attachments")
+        answer = page.inner_text(".msg.assistant .content")
+        assert answer.strip() == expected["choices"][0]["message"]["content"].strip()
+        assert not page.errors

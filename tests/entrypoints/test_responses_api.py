@@ -262,7 +262,7 @@ def test_previous_response_id_continues_a_stored_conversation(client, model_name
     "extra, needle",
     [
         ({"tools": [{"type": "web_search"}]}, "function tools only"),
-        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input_image"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "does not take images"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
         ({"input": [{"type": "function_call_output", "output": "x"}]}, "call_id"),
         ({"tool_choice": "required"}, "at least one tool"),

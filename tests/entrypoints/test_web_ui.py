@@ -36,6 +36,7 @@ def test_the_page_asks_for_the_key_then_chats_with_streaming(page, server):
     page.fill("#api-key-input", API_KEY)
     page.click("#api-key-save")
     wait_until(page, lambda: "Smol" in page.inner_text("#model-name"), what="the model name")
+    assert page.is_hidden("#attach")  # a text model: no image picker
     page.fill("#temperature", "0")
     page.fill("#max-tokens", "48")
     page.fill("#chat-input", "Name three primary colors.")

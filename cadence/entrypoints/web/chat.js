@@ -10,6 +10,7 @@
   let conversations = [];
   let current = null; // the conversation shown
   let controller = null; // the answer being streamed (AbortController)
+  let attached = []; // data: URLs of the images the next message carries
 
   function load() {
     try {
@@ -24,7 +25,17 @@
   function save() {
     // (`node`: a message's element while it streams; not stored)
     const text = JSON.stringify(conversations.slice(0, 100), (k, v) => (k === "node" ? undefined : v));
-    localStorage.setItem(STORE, text);
+    try {
+      localStorage.setItem(STORE, text);
+    } catch (_) {
+      // Over the storage quota (images are large): keep the conversations without them.
+      const lean = JSON.stringify(conversations.slice(0, 100), (k, v) => (k === "node" || k === "images" ? undefined : v));
+      try {
+        localStorage.setItem(STORE, lean);
+      } catch (_) {
+        /* storage full or off: this session keeps them in memory */
+      }
+    }
   }
 
   function saveSettings() {
@@ -88,7 +99,9 @@
       const content = document.createElement("div");
       content.className = "content";
       content.textContent = m.error ? m.content + (m.content ? "\n" : "") + "⚠ " + m.error : m.content;
-      div.append(role, content);
+      div.append(role);
+      if (m.images && m.images.length) div.append(thumbnails(m.images, "images"));
+      div.append(content);
       if (m.meta) {
         const meta = document.createElement("div");
         meta.className = "meta";
@@ -106,6 +119,58 @@
     renderMessages();
   }
 
+  // Image previews: of a sent message, or (with a remove button each) of the attachments.
+  function thumbnails(urls, className, onRemove) {
+    const box = document.createElement("div");
+    box.className = className;
+    urls.forEach((url, i) => {
+      const fig = document.createElement("figure");
+      const img = document.createElement("img");
+      img.src = url;
+      img.alt = "image " + (i + 1);
+      fig.append(img);
+      if (onRemove) {
+        const x = document.createElement("button");
+        x.type = "button";
+        x.textContent = "×";
+        x.title = "Remove";
+        x.addEventListener("click", () => onRemove(i));
+        fig.append(x);
+      }
+      box.append(fig);
+    });
+    return box;
+  }
+
+  function renderAttachments() {
+    const box = $("attachments");
+    box.hidden = !attached.length;
+    box.replaceChildren(...(attached.length ? thumbnails(attached, "", (i) => {
+      attached.splice(i, 1);
+      renderAttachments();
+    }).children : []));
+  }
+
+  function attach(files) {
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) continue;
+      const reader = new FileReader();
+      reader.onload = () => {
+        attached.push(reader.result);
+        renderAttachments();
+      };
+      reader.readAsDataURL(file);
+    }
+  }
+
+  // A message as the API takes it: text, or with images, content parts.
+  function apiContent(m) {
+    if (!m.images || !m.images.length) return m.content;
+    const parts = m.images.map((url) => ({ type: "image_url", image_url: { url } }));
+    if (m.content) parts.push({ type: "text", text: m.content });
+    return parts;
+  }
+
   function busy(on) {
     $("send").hidden = on;
     $("stop").hidden = !on;
@@ -117,7 +182,7 @@
     const messages = [];
     const system = $("system-prompt").value.trim();
     if (system) messages.push({ role: "system", content: system });
-    for (const m of history) if (!m.error || m.content) messages.push({ role: m.role, content: m.content });
+    for (const m of history) if (!m.error || m.content) messages.push({ role: m.role, content: apiContent(m) });
     const body = { model: Cadence.model || undefined, messages, stream: true };
     body.stream_options = { include_usage: true };
     // An empty field leaves the server's default.
@@ -238,8 +303,11 @@
 
   async function send(text) {
     if (!current) newConversation();
-    current.messages.push({ role: "user", content: text });
-    if (current.title === "New chat") current.title = text.slice(0, 40);
+    const images = attached;
+    attached = [];
+    renderAttachments();
+    current.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+    if (current.title === "New chat") current.title = (text || "Image").slice(0, 40);
     save();
     render();
     await answer();
@@ -256,9 +324,26 @@
     $("composer").addEventListener("submit", (ev) => {
       ev.preventDefault();
       const text = $("chat-input").value.trim();
-      if (!text || controller) return;
+      if ((!text && !attached.length) || controller) return;
       $("chat-input").value = "";
       send(text);
+    });
+    // Images: a model that takes them says so in /v1/engine/stats; a file picker or a paste.
+    Cadence.json("/v1/engine/stats").then((stats) => {
+      $("attach").hidden = !(stats && stats.images && stats.images.accepted);
+    }).catch(() => {});
+    $("attach").addEventListener("click", () => $("image-file").click());
+    $("image-file").addEventListener("change", (ev) => {
+      attach(ev.target.files);
+      ev.target.value = "";
+    });
+    $("chat-input").addEventListener("paste", (ev) => {
+      if ($("attach").hidden) return;
+      const files = [...(ev.clipboardData ? ev.clipboardData.files : [])];
+      if (files.length) {
+        ev.preventDefault();
+        attach(files);
+      }
     });
     $("chat-input").addEventListener("keydown", (ev) => {
       if (ev.key === "Enter" && !ev.shiftKey) {
