@@ -50,6 +50,8 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
     """A random `kind` model (float32), its processor, tokenizer and chat template."""
     if kind in ("qwen2_vl", "qwen2_5_vl"):
         return _save_tiny_qwen_vl(kind, path)
+    if kind == "idefics3":
+        return _save_tiny_idefics3(path)
     if kind != "llava":
         raise ValueError(kind)
     import transformers as tf
@@ -147,13 +149,56 @@ def _save_tiny_qwen_vl(kind: str, path: str) -> None:
     ).save_pretrained(path)
 
 
+IDEFICS3_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+
+
+def _save_tiny_idefics3(path: str) -> None:
+    """Idefics3 (SmolVLM's layout): tiles of 32 pixels, 4-pixel patches, 2x2 pixel shuffle:
+    16 tokens a tile; an image up to 64 pixels a side is split into up to 2x2 tiles."""
+    import transformers as tf
+
+    vision = dict(
+        hidden_size=32,
+        image_size=32,
+        patch_size=4,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        initializer_range=0.1,
+    )
+    config = tf.Idefics3Config(
+        vision_config=vision,
+        text_config=tf.LlamaConfig(**TEXT),
+        image_token_id=IMAGE_TOKEN_ID,
+        scale_factor=2,
+        tie_word_embeddings=False,
+    )
+    model = tf.Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("vision" in name or "connector" in name) and p.dim() > 1:
+                p.normal_(0, 0.2)
+    model.save_pretrained(path)
+    image_processor = tf.Idefics3ImageProcessor(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32}
+    )
+    tf.Idefics3Processor(
+        image_processor=image_processor,
+        tokenizer=_tokenizer(IDEFICS3_TOKENS),
+        image_seq_len=16,
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(path)
+
+
 # Each family's chat-template text for one image, and its transformers class (by name)
 PLACEHOLDERS = {
     "llava": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "idefics3": "<image>",
 }
 HF_CLASSES = {
+    "idefics3": "Idefics3ForConditionalGeneration",
     "llava": "LlavaForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
     "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration",
@@ -170,7 +215,8 @@ def hf_vision_model(kind: str, path: str):
         .from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
         .eval()
     )
-    processor = tf.AutoProcessor.from_pretrained(path) if kind == "llava" else path
+    own = kind in ("llava", "idefics3")  # (Qwen's processor class needs torchvision)
+    processor = tf.AutoProcessor.from_pretrained(path) if own else path
     return model, processor
 
 

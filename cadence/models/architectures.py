@@ -23,6 +23,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "GraniteMoeForCausalLM": ("granite_moe", "GraniteMoeForCausalLM"),
     "GraniteMoeSharedForCausalLM": ("granite_moe", "GraniteMoeSharedForCausalLM"),
+    "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     "LlamaModel": ("llama", "LlamaForCausalLM"),  # headless: an embedding model
@@ -41,6 +42,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen3Model": ("qwen3", "Qwen3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen_moe", "Qwen3MoeForCausalLM"),
     "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
+    "SmolVLMForConditionalGeneration": ("idefics3", "SmolVLMForConditionalGeneration"),
     "StableLmForCausalLM": ("stablelm", "StableLmForCausalLM"),
     "Starcoder2ForCausalLM": ("starcoder2", "Starcoder2ForCausalLM"),
 }
@@ -58,6 +60,7 @@ BY_MODEL_TYPE: dict[str, str] = {
     "glm4_moe": "Glm4MoeForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "granite": "GraniteForCausalLM",
+    "idefics3": "Idefics3ForConditionalGeneration",
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "llama": "LlamaForCausalLM",
@@ -74,6 +77,7 @@ BY_MODEL_TYPE: dict[str, str] = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "smolvlm": "SmolVLMForConditionalGeneration",
     "stablelm": "StableLmForCausalLM",
     "starcoder2": "Starcoder2ForCausalLM",
 }

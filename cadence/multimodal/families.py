@@ -8,8 +8,13 @@ image, and how many placeholder tokens each image takes.
     qwen2_5_vl  [images, 3]: image i's rows are its t*h*w patches; merge^2 patches make
                 one token
 
+    idefics3    pixel_values [images, tiles, 3, S, S] with rows / cols: an image is its
+    smolvlm     rows x cols tiles and itself at tile size, each an image to the engine,
+                written between row / column tags (`render`)
+
 The prompt names each image by the placeholder once (as the model's chat template writes
-it); `expand` repeats it to the image's token count, as the model's own processor does.
+it); `Family.expand` gives what replaces it (the placeholder repeated to the image's token
+count, as the model's own processor does) and the images the engine encodes.
 A family the engine runs (cadence/models/architectures.py) and this table must agree:
 tests/multimodal/test_families.py checks every vision-language architecture is here.
 """
@@ -29,8 +34,18 @@ class Family:
     placeholder: str  # the token text a prompt names an image by
     # the image processor's outputs (pixel tensors) -> one dict per image
     split: Callable[[Tensors, int], list[Tensors]]
-    # placeholder tokens of an image, from its tensors and the model's config
+    # placeholder tokens of an image (or tile), from its tensors and the model's config
     tokens: Callable[[Tensors, object], int]
+    # an image -> (the text that replaces its placeholder, the images the engine encodes:
+    # the image itself, or its tiles); None: the placeholder repeated per token, itself
+    render: Callable[[Tensors, object, Family], tuple[str, list[Tensors]]] | None = None
+    processor_kwargs: dict | None = None  # what the image processor is called with besides
+    nested: bool = False  # the image processor takes [[image], [image], ...] (a sample each)
+
+    def expand(self, tensors: Tensors, config) -> tuple[str, list[Tensors]]:
+        if self.render is not None:
+            return self.render(tensors, config, self)
+        return self.placeholder * self.tokens(tensors, config), [tensors]
 
 
 def _rows(outputs: Tensors, count: int) -> list[Tensors]:
@@ -65,10 +80,51 @@ def _grid_tokens(tensors: Tensors, config) -> int:
     return int(np.prod(tensors["image_grid_thw"][0])) // (merge * merge)
 
 
+def _tiles_split(outputs: Tensors, count: int) -> list[Tensors]:
+    pixels, rows, cols = outputs["pixel_values"], outputs["rows"], outputs["cols"]
+    if pixels.shape[0] != count:
+        raise ValueError(f"the image processor made {pixels.shape[0]} images of {count}")
+    out = []
+    for i in range(count):
+        r, c = int(np.ravel(rows[i])[0]), int(np.ravel(cols[i])[0])
+        tiles = r * c + 1 if r else 1  # the tiles, then the whole image at tile size
+        out.append(
+            {"pixel_values": pixels[i, :tiles], "rows": np.array([r]), "cols": np.array([c])}
+        )
+    return out
+
+
+def _tile_tokens(tensors: Tensors, config) -> int:
+    vision, scale = config.vision_config, config.scale_factor
+    return (vision.image_size // vision.patch_size) ** 2 // (scale * scale)
+
+
+def _render_tiles(tensors: Tensors, config, family: Family) -> tuple[str, list[Tensors]]:
+    """Idefics3's layout: each tile's tokens after a row / column tag, a line a row, then
+    the whole image's after <global-img>, each run between <fake_token_around_image>."""
+    pixels = tensors["pixel_values"]
+    rows, cols = int(tensors["rows"][0]), int(tensors["cols"][0])
+    tiles = [{"pixel_values": pixels[j : j + 1]} for j in range(pixels.shape[0])]
+    run = family.placeholder * _tile_tokens(tiles[0], config)
+    fake, overview = "<fake_token_around_image>", "<global-img>"
+    if not rows:
+        return f"{fake}{overview}{run}{fake}", tiles
+    grid = "".join(
+        "".join(f"{fake}<row_{r + 1}_col_{c + 1}>{run}" for c in range(cols)) + "\n"
+        for r in range(rows)
+    )
+    return f"{grid}\n{fake}{overview}{run}{fake}", tiles
+
+
+_IDEFICS3 = Family(
+    "<image>", _tiles_split, _tile_tokens, _render_tiles, {"return_row_col_info": True}, True
+)
 FAMILIES: dict[str, Family] = {
     "llava": Family("<image>", _rows, _tower_tokens),
     "qwen2_vl": Family("<|image_pad|>", _grid_split, _grid_tokens),
     "qwen2_5_vl": Family("<|image_pad|>", _grid_split, _grid_tokens),
+    "idefics3": _IDEFICS3,
+    "smolvlm": _IDEFICS3,
 }
 
 
@@ -82,13 +138,13 @@ def image_token_id(config: dict) -> int | None:
     return None
 
 
-def expand(text: str, placeholder: str, counts: list[int]) -> str:
-    """`text` with its k-th placeholder repeated counts[k] times."""
+def substitute(text: str, placeholder: str, replacements: list[str]) -> str:
+    """`text` with its k-th placeholder replaced by replacements[k]."""
     pieces = text.split(placeholder)
-    if len(pieces) != len(counts) + 1:
-        raise ValueError(f"{len(pieces) - 1} placeholders for {len(counts)} images")
+    if len(pieces) != len(replacements) + 1:
+        raise ValueError(f"{len(pieces) - 1} placeholders for {len(replacements)} images")
     out = [pieces[0]]
-    for count, piece in zip(counts, pieces[1:]):
-        out.append(placeholder * count)
+    for replacement, piece in zip(replacements, pieces[1:]):
+        out.append(replacement)
         out.append(piece)
     return "".join(out)

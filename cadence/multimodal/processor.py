@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from cadence.multimodal.families import FAMILIES, Family, expand, image_token_id
+from cadence.multimodal.families import FAMILIES, Family, image_token_id, substitute
 from cadence.multimodal.inputs import ImageInput, TensorData, hash_tensors
 from cadence.multimodal.media import MediaError
 
@@ -76,19 +76,26 @@ class ImagePrompts:
             )
         per_image: list[dict] = []
         if images:
-            pixels = self.images(images, return_tensors="np")
+            extra = self.family.processor_kwargs or {}
+            batch = [[image] for image in images] if self.family.nested else images
+            pixels = self.images(batch, return_tensors="np", **extra)
             arrays = {k: np.asarray(v) for k, v in pixels.items()}
             per_image = self.family.split(arrays, len(images))
-        counts = [self.family.tokens(tensors, self.config) for tensors in per_image]
+        texts, encoded = [], []  # what replaces each placeholder; what the engine encodes
+        for tensors in per_image:
+            text_of, parts = self.family.expand(tensors, self.config)
+            texts.append(text_of)
+            encoded += parts
+        counts = [self.family.tokens(tensors, self.config) for tensors in encoded]
         with self._lock:
             ids = self.tokenizer.encode(
-                expand(text, self.placeholder, counts), add_special_tokens=add_special_tokens
+                substitute(text, self.placeholder, texts), add_special_tokens=add_special_tokens
             )
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if len(positions) != sum(counts):
             raise MediaError("the text around the placeholders merged into image tokens")
         inputs, taken = [], 0
-        for tensors, count in zip(per_image, counts):
+        for tensors, count in zip(encoded, counts):
             wire = {name: TensorData.of_numpy(value) for name, value in tensors.items()}
             inputs.append(ImageInput(hash_tensors(wire), positions[taken], count, wire))
             taken += count

@@ -1,10 +1,10 @@
-"""Each vision-language family (LLaVA, Qwen2-VL, Qwen2.5-VL), built tiny by transformers
-with its image processor: greedy tokens equal transformers' in float32 with one image,
-two (apart and adjacent), images of other sizes (other token counts for Qwen: its M-RoPE
-positions and windows) and no image, in one mixed batch under chunked prefill and
-preemption; a repeated image hits the prefix cache (hash and radix) and is not encoded
-again, while another image behind the same text never hits; LLM.chat takes OpenAI content
-parts."""
+"""Each vision-language family (LLaVA, Qwen2-VL, Qwen2.5-VL, Idefics3: SmolVLM's layout
+and classes), built tiny by transformers with its image processor: greedy tokens equal
+transformers' in float32 with one image, two (apart and adjacent), images of other sizes
+(other token counts for Qwen: its M-RoPE positions and windows; other tile grids for
+Idefics3) and no image, in one mixed batch under chunked prefill and preemption; a
+repeated image hits the prefix cache (hash and radix) and is not encoded again, while
+another image behind the same text never hits; LLM.chat takes OpenAI content parts."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ CASES = [
     ("no image at all, a longer text prompt", []),
     ("a wide one <image>", [(300, 17, 6)]),
 ]
-KINDS = ["llava", "qwen2_vl", "qwen2_5_vl"]
+KINDS = ["llava", "qwen2_vl", "qwen2_5_vl", "idefics3"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -125,8 +125,10 @@ def test_a_repeated_image_is_encoded_once(vlm):
     llm = LLM(path, dtype="float32", max_num_batched_tokens=16, enable_prefix_caching=False)
     feeder = llm.engine.runner.driver.images
     image = random_image(50, 50, 9)
-    outs = [_one(llm, kind, f"question {i}: <image>?", image) for i in range(3)]
-    assert feeder.num_encoded == 1 and feeder.num_reused >= 2
+    outs = [_one(llm, kind, "question 0: <image>?", image)]
+    encoded = feeder.num_encoded  # 1 (Idefics3: the image's tiles and overview)
+    outs += [_one(llm, kind, f"question {i}: <image>?", image) for i in (1, 2)]
+    assert feeder.num_encoded == encoded and feeder.num_reused >= 2 * encoded
     assert all(o.num_cached_tokens == 0 for o in outs)
 
 

@@ -1,6 +1,6 @@
 """The API side and the engine agree on the vision-language families: every architecture
 the engine composes over a language model has a family entry here (its placeholder, how
-its images split, their token counts), and expansion repeats each placeholder in place."""
+its images split, their token counts), and each placeholder is replaced in place."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import importlib
 import pytest
 
 from cadence.models.architectures import ARCHITECTURES, BY_MODEL_TYPE
-from cadence.multimodal.families import FAMILIES, expand, image_token_id
+from cadence.multimodal.families import FAMILIES, image_token_id, substitute
 
 
 def test_every_vision_language_architecture_has_a_family():
@@ -23,10 +23,10 @@ def test_every_vision_language_architecture_has_a_family():
     assert {BY_MODEL_TYPE[t] for t in FAMILIES} == vision
 
 
-def test_expand_repeats_each_placeholder_in_place():
-    assert expand("a<i>b<i>", "<i>", [2, 1]) == "a<i><i>b<i>"
+def test_substitute_replaces_each_placeholder_in_place():
+    assert substitute("a<i>b<i>", "<i>", ["<i><i>", "x"]) == "a<i><i>bx"
     with pytest.raises(ValueError):
-        expand("a<i>", "<i>", [1, 1])
+        substitute("a<i>", "<i>", ["1", "2"])
 
 
 def test_the_image_token_is_read_from_either_name():
