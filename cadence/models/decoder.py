@@ -202,6 +202,11 @@ class DecoderForCausalLM(nn.Module):
             options = replace(options, window=None)  # no sequence is longer than the window
         return options
 
+    # A vision-language model's (models/vision_language.py): its image placeholder token,
+    # and whether its rotary positions are three-dimensional (M-RoPE); a text model's: none.
+    image_token_id: int | None = None
+    uses_mrope = False
+
     # EAGLE-3 drafts from the residual stream entering a few layers (keep_aux_hidden).
     aux_layer_ids: tuple[int, ...] = ()
     aux_hidden: list[torch.Tensor] | None = None  # [T, hidden] each, of the last forward

@@ -238,6 +238,7 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
     vision_prefixes = ("visual.",)
     language_model = "Qwen2ForCausalLM"
     windowed = False
+    uses_mrope = True
 
     def rotary_tables(self, config, max_position: int):
         from cadence.models.decoder import rotary_dim_of

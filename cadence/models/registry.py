@@ -8,6 +8,7 @@ import importlib
 from torch import nn
 
 from cadence.models.architectures import ARCHITECTURES, BY_MODEL_TYPE, supported_architectures
+from cadence.models.vision_language import VisionLanguageModel, compose
 
 
 def _load(arch: str) -> type[nn.Module]:
@@ -18,8 +19,6 @@ def _load(arch: str) -> type[nn.Module]:
 def _with_language_model(family, config) -> type[nn.Module]:
     """A vision-language family over its language model's decoder class: the one the
     family names, else the one of the (language) config's model_type."""
-    from cadence.models.vision_language import compose
-
     arch = family.language_model or BY_MODEL_TYPE.get(getattr(config, "model_type", ""), "")
     if arch not in ARCHITECTURES:
         raise ValueError(
@@ -38,7 +37,7 @@ def resolve_model_class(config) -> type[nn.Module]:
     for arch in archs:
         if arch in ARCHITECTURES:
             cls = _load(arch)
-            if getattr(cls, "image_encoder", False):  # a vision-language family
+            if issubclass(cls, VisionLanguageModel):  # composed over its language model
                 return _with_language_model(cls, config)
             return cls
     raise ValueError(

@@ -10,9 +10,10 @@ of the engine sees the decoder it knows (layers, rotary tables, logits), with th
     image_token_id             the placeholder token (the config's)
     check_images(images)       ValueError for images this encoder cannot take (at admission)
     encode_images(images)      one [placeholder tokens, hidden] tensor per image, batched
-    mrope_positions(n, images) a family with three-dimensional rotary positions (M-RoPE):
-                               ([3, n] positions of an n-token prompt, the offset of every
-                               later token's position from its index); absent otherwise
+    mrope_positions(n, images) a family whose rotary positions are three-dimensional
+                               (M-RoPE, `uses_mrope`): ([3, n] positions of an n-token
+                               prompt, the offset of every later token's position from its
+                               index)
 
 The config it is built from is the language model's (loader/hf_config.py `language_view`),
 with the vision config and the whole config beside it (`vision_config`, `vision_language`).
@@ -43,7 +44,6 @@ class VisionLanguageModel(nn.Module):
     vision_prefixes: tuple[str, ...] = ()
     language_model_prefixes: tuple[str, ...] = ("language_model.model.", "language_model.")
     language_model: str | None = None  # an architecture name; None: by the config's model_type
-    image_encoder = True  # (what the registry composes by)
 
     def __init__(self, config, backend, max_position: int) -> None:
         super().__init__(config, backend, max_position)
@@ -65,6 +65,9 @@ class VisionLanguageModel(nn.Module):
     def vision_name(self, name: str) -> str | None:
         """Our name for a vision-side checkpoint tensor (None: skip it)."""
         return name
+
+    def mrope_positions(self, prompt_len: int, images: list[ImageInput]):
+        raise NotImplementedError  # (a family with uses_mrope)
 
     # ---- shared --------------------------------------------------------------------------
 

@@ -40,7 +40,7 @@ class ImageFeeder:
         self.cache_tokens = cache_tokens
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()  # hash -> [rows, hidden]
         self.cached_rows = 0
-        self.mrope = hasattr(model, "mrope_positions")
+        self.mrope = model.uses_mrope
         self._planned: list[tuple[ImageInput, int, int, int]] = []  # image, lo, hi, row
         self._shifted: list[tuple[int, int, int, tuple]] = []  # row, start, end, mrope
         self.num_encoded = 0  # images run through the encoder (cache misses), since start

@@ -103,7 +103,7 @@ class ModelRunner:
             config.parallel.enable_expert_parallel,
         )
         self.lora = LoRAManager.for_runner(self.model, config, self.dtype, self.device)
-        self.image_token_id: int | None = getattr(self.model, "image_token_id", None)
+        self.image_token_id: int | None = self.model.image_token_id
         self.images = (
             None
             if self.image_token_id is None
