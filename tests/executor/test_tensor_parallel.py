@@ -9,7 +9,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from tp_helpers import CPU, greedy, hf_reference, prompts_for, save_tiny_with_tokenizer
+from tp_helpers import (
+    CPU,
+    NEW_TOKENS,
+    greedy,
+    hf_reference,
+    prompts_for,
+    save_tiny_with_tokenizer,
+)
 
 from cadence import LLM, SamplingParams
 
@@ -129,3 +136,32 @@ def test_gguf_model_over_three_ranks():
     with LLM(None, tensor_parallel_size=3, **CPU) as three:
         assert three.engine.runner.driver.model.layers[0].self_attn.num_kv_heads == 1
         assert greedy(three, prompts, 8) == expected
+
+
+def test_images_under_tp(tiny_vision_model_dir):
+    """A vision-language model on two ranks (Qwen2-VL: M-RoPE positions, a vision tower
+    each rank holds whole): the images travel to rank 1 with the step, each rank encodes
+    them itself, and the tokens are one rank's, chunked prefill included."""
+    from vision_helpers import PLACEHOLDERS, random_image
+
+    path = tiny_vision_model_dir("qwen2_vl")
+    image = PLACEHOLDERS["qwen2_vl"]
+    requests = [
+        {
+            "prompt": f"look {image} and {image} now",
+            "multi_modal_data": {"image": [random_image(40, 50, 1), random_image(24, 60, 2)]},
+        },
+        {"prompt": "only words here"},
+    ]
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+
+    def tokens(llm: LLM) -> list[list[int]]:
+        return [
+            list(o.outputs[0].token_ids) for o in llm.generate(requests, params, use_tqdm=False)
+        ]
+
+    kw = dict(CPU, max_num_batched_tokens=16)
+    with LLM(path, **kw) as one:
+        expected = tokens(one)
+    with LLM(path, tensor_parallel_size=2, **kw) as two:
+        assert tokens(two) == expected
