@@ -249,6 +249,7 @@ class Scheduler:
                         images=req.images,
                     )
                 )
+                req.images = [image.spans_only() for image in req.images]  # (the worker's now)
         self.waiting.extendleft(reversed(no_slot))
 
         for rid, (first_ids, *later_ids) in new_blocks.items():

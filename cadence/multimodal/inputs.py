@@ -65,6 +65,11 @@ class ImageInput(msgspec.Struct, array_like=True):
     def end(self) -> int:
         return self.offset + self.length
 
+    def spans_only(self) -> ImageInput:
+        """This image without its tensors: what the engine core keeps once the worker has
+        them (the prefix cache needs only the hash and the span)."""
+        return ImageInput(self.content_hash, self.offset, self.length, {})
+
 
 def hash_tensors(tensors: dict[str, TensorData]) -> str:
     """A stable name for an image's processed pixels (and any grid sizes beside them)."""
