@@ -78,9 +78,12 @@ class ImagePrompts:
         if images:
             extra = self.family.processor_kwargs or {}
             batch = [[image] for image in images] if self.family.nested else images
-            pixels = self.images(batch, return_tensors="np", **extra)
-            arrays = {k: np.asarray(v) for k, v in pixels.items()}
-            per_image = self.family.split(arrays, len(images))
+            try:
+                pixels = self.images(batch, return_tensors="np", **extra)
+                arrays = {k: np.asarray(v) for k, v in pixels.items()}
+                per_image = self.family.split(arrays, len(images))
+            except (ValueError, TypeError) as e:  # (an aspect ratio it refuses, say)
+                raise MediaError(f"the model's image processor refused the image: {e}") from None
         texts, encoded = [], []  # what replaces each placeholder; what the engine encodes
         for tensors in per_image:
             text_of, parts = self.family.expand(tensors, self.config)

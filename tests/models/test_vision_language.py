@@ -161,3 +161,13 @@ def test_bad_image_requests_raise_and_add_nothing(tiny_vision_model_dir):
     with pytest.raises(ValueError, match="image tokens"):  # placeholders without images
         llm.generate({"prompt_token_ids": [1, 2, IMAGE_TOKEN_ID, 3]}, PARAMS)
     assert not llm.engine.scheduler.requests
+
+
+def test_an_image_the_processor_refuses_is_a_clear_error(tiny_vision_model_dir):
+    llm = LLM(tiny_vision_model_dir("qwen2_vl"), dtype="float32")
+    request = {
+        "prompt": _prompt("qwen2_vl", "<image>"),
+        "multi_modal_data": {"image": random_image(1, 900, 12)},  # 900:1
+    }
+    with pytest.raises(ValueError, match="image processor refused the image: .*aspect ratio"):
+        llm.generate(request, PARAMS)
