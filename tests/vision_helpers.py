@@ -52,6 +52,8 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
         return _save_tiny_qwen_vl(kind, path)
     if kind == "idefics3":
         return _save_tiny_idefics3(path)
+    if kind == "llava_onevision":
+        return _save_tiny_onevision(path)
     if kind != "llava":
         raise ValueError(kind)
     import transformers as tf
@@ -190,14 +192,94 @@ def _save_tiny_idefics3(path: str) -> None:
     ).save_pretrained(path)
 
 
+PINPOINTS = [[32, 32], [32, 64], [64, 32], [64, 64], [96, 64]]
+
+
+def _save_tiny_onevision(path: str) -> None:
+    """LLaVA-OneVision: a SigLIP tower over 32-pixel tiles of 8-pixel patches (16 tokens a
+    tile), pinpoints up to 96x64 pixels, "anyres_max_1" so that larger grids are shrunk."""
+    import transformers as tf
+
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=32,
+        image_size=32,
+        patch_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+    )
+    text = {**TEXT, "model_type": "qwen2"}
+    text.pop("tie_word_embeddings")
+    config = tf.LlavaOnevisionConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=IMAGE_TOKEN_ID,
+        image_grid_pinpoints=PINPOINTS,
+        vision_aspect_ratio="anyres_max_1",
+        tie_word_embeddings=False,
+    )
+    model = tf.LlavaOnevisionForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("vision" in name or "projector" in name) and p.dim() > 1:
+                p.normal_(0, 0.2)
+            if name.endswith("image_newline"):
+                p.normal_(0, 1.0)
+    model.save_pretrained(path)
+    tok = _tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(path)
+    tf.LlavaOnevisionImageProcessor(
+        size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS
+    ).save_pretrained(path)
+
+
+def onevision_inputs(path: str, text: str, images: list) -> dict:
+    """What LLaVA-OneVision's processor would give (its class loads only with
+    torchvision): the image processor's tensors, and each placeholder repeated by the
+    processor's own count (its methods, on a stand-in for the processor)."""
+    import types
+
+    import transformers as tf
+
+    image_processor = tf.AutoImageProcessor.from_pretrained(path)
+    config = tf.AutoConfig.from_pretrained(path)
+    tok = tf.AutoTokenizer.from_pretrained(path)
+    proc = tf.LlavaOnevisionProcessor
+    fake = types.SimpleNamespace(
+        image_processor=image_processor,
+        num_image_tokens=(config.vision_config.image_size // config.vision_config.patch_size) ** 2,
+        vision_aspect_ratio=config.vision_aspect_ratio,
+    )
+    fake._get_unpadded_features = lambda *a: proc._get_unpadded_features(fake, *a)
+    extra = {}
+    counts = []
+    if images:
+        extra = dict(image_processor([[i] for i in images], return_tensors="pt"))
+        extra.pop("batch_num_images", None)
+        extra["batch_num_images"] = torch.tensor([len(images)])
+        for h, w in extra["image_sizes"].tolist():
+            if len(images) > 1:
+                counts.append(fake.num_image_tokens + 1)
+            else:
+                counts.append(proc._get_number_of_features(fake, h, w, 32, 32))
+    pieces = text.split("<image>")
+    expanded = pieces[0] + "".join("<image>" * n + p for n, p in zip(counts, pieces[1:]))
+    ids = torch.tensor([tok.encode(expanded, add_special_tokens=False)])
+    return {"input_ids": ids, **extra}
+
+
 # Each family's chat-template text for one image, and its transformers class (by name)
 PLACEHOLDERS = {
     "llava": "<image>",
     "qwen2_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "idefics3": "<image>",
+    "llava_onevision": "<image>",
 }
 HF_CLASSES = {
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
     "llava": "LlavaForConditionalGeneration",
     "qwen2_vl": "Qwen2VLForConditionalGeneration",
@@ -215,8 +297,10 @@ def hf_vision_model(kind: str, path: str):
         .from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
         .eval()
     )
-    own = kind in ("llava", "idefics3")  # (Qwen's processor class needs torchvision)
+    own = kind in ("llava", "idefics3")  # (Qwen's and OneVision's classes need torchvision)
     processor = tf.AutoProcessor.from_pretrained(path) if own else path
+    if kind == "llava_onevision":
+        processor = ("onevision", path)
     return model, processor
 
 
@@ -257,7 +341,9 @@ def hf_greedy_with_images(model, processor, text: str, images: list, new_tokens:
     """transformers' greedy continuation of `text` with `images`, never stopping at EOS,
     and the prompt's token ids (as its processor expanded them). `processor`: the model's
     processor, or the folder of a Qwen-VL model (see qwen_inputs)."""
-    if isinstance(processor, str):
+    if isinstance(processor, tuple):  # ("onevision", folder)
+        inputs = onevision_inputs(processor[1], text, images)
+    elif isinstance(processor, str):
         inputs = qwen_inputs(processor, text, images)
     else:
         inputs = processor(

@@ -26,6 +26,10 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "LlavaOnevisionForConditionalGeneration": (
+        "llava_onevision",
+        "LlavaOnevisionForConditionalGeneration",
+    ),
     "LlamaModel": ("llama", "LlamaForCausalLM"),  # headless: an embedding model
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "MistralModel": ("llama", "MistralForCausalLM"),
@@ -65,6 +69,7 @@ BY_MODEL_TYPE: dict[str, str] = {
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "llama": "LlamaForCausalLM",
     "llava": "LlavaForConditionalGeneration",
+    "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "olmo2": "Olmo2ForCausalLM",

@@ -36,18 +36,24 @@ class SiglipEmbeddings(nn.Module):
 
 
 class SiglipVisionTransformer(nn.Module):
-    def __init__(self, config) -> None:
+    """`num_layers` built (a model reading an earlier layer's output needs no more), and the
+    final norm only where the model reads the last layer's normed output."""
+
+    def __init__(self, config, num_layers: int | None = None, final_norm: bool = True) -> None:
         super().__init__()
         self.embeddings = SiglipEmbeddings(config)
-        self.encoder = CLIPEncoder(config, config.num_hidden_layers)
-        self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.encoder = CLIPEncoder(config, num_layers or config.num_hidden_layers)
+        self.post_layernorm = None
+        if final_norm:
+            self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """[tiles, 3, S, S] -> [tiles, patches, hidden]"""
+        """[tiles, 3, S, S] -> [tiles, patches, hidden]: the built layers' output, normed
+        where the final norm was built."""
         x = self.embeddings(pixels)
         for layer in self.encoder.layers:
             x = layer(x)
-        return self.post_layernorm(x)
+        return x if self.post_layernorm is None else self.post_layernorm(x)
 
 
 class Connector(nn.Module):

@@ -11,6 +11,9 @@ image, and how many placeholder tokens each image takes.
     idefics3    pixel_values [images, tiles, 3, S, S] with rows / cols: an image is its
     smolvlm     rows x cols tiles and itself at tile size, each an image to the engine,
                 written between row / column tags (`render`)
+    llava_onevision  pixel_values [images, tiles, 3, S, S] with image_sizes: an image
+                alone is its overview and its pinpoint's tiles (`anyres_layout`), among
+                several its overview only; tokens as its processor counts them
 
 The prompt names each image by the placeholder once (as the model's chat template writes
 it); `Family.expand` gives what replaces it (the placeholder repeated to the image's token
@@ -21,6 +24,7 @@ tests/multimodal/test_families.py checks every vision-language architecture is h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,15 +40,16 @@ class Family:
     split: Callable[[Tensors, int], list[Tensors]]
     # placeholder tokens of an image (or tile), from its tensors and the model's config
     tokens: Callable[[Tensors, object], int]
-    # an image -> (the text that replaces its placeholder, the images the engine encodes:
-    # the image itself, or its tiles); None: the placeholder repeated per token, itself
-    render: Callable[[Tensors, object, Family], tuple[str, list[Tensors]]] | None = None
+    # an image, the prompt's image count -> (the text that replaces its placeholder, the
+    # images the engine encodes: the image itself, or its tiles); None: the placeholder
+    # repeated per token, and the image itself
+    render: Callable[[Tensors, object, Family, int], tuple[str, list[Tensors]]] | None = None
     processor_kwargs: dict | None = None  # what the image processor is called with besides
     nested: bool = False  # the image processor takes [[image], [image], ...] (a sample each)
 
-    def expand(self, tensors: Tensors, config) -> tuple[str, list[Tensors]]:
+    def expand(self, tensors: Tensors, config, prompt_images: int) -> tuple[str, list[Tensors]]:
         if self.render is not None:
-            return self.render(tensors, config, self)
+            return self.render(tensors, config, self, prompt_images)
         return self.placeholder * self.tokens(tensors, config), [tensors]
 
 
@@ -99,7 +104,9 @@ def _tile_tokens(tensors: Tensors, config) -> int:
     return (vision.image_size // vision.patch_size) ** 2 // (scale * scale)
 
 
-def _render_tiles(tensors: Tensors, config, family: Family) -> tuple[str, list[Tensors]]:
+def _render_tiles(
+    tensors: Tensors, config, family: Family, prompt_images: int
+) -> tuple[str, list[Tensors]]:
     """Idefics3's layout: each tile's tokens after a row / column tag, a line a row, then
     the whole image's after <global-img>, each run between <fake_token_around_image>."""
     pixels = tensors["pixel_values"]
@@ -116,6 +123,74 @@ def _render_tiles(tensors: Tensors, config, family: Family) -> tuple[str, list[T
     return f"{grid}\n{fake}{overview}{run}{fake}", tiles
 
 
+def anyres_layout(
+    height: int, width: int, tile: int, side: int, pinpoints: list
+) -> tuple[int, int, tuple[int, int, int, int]]:
+    """LLaVA-OneVision's tiles for an image of height x width: (rows, columns) of the
+    pinpoint that fits it best (the most of its pixels kept, then the least padding, as the
+    image processor picks it), and (top, bottom, left, right): the patch rows and columns
+    of the grid (`side` patches a tile) that hold the image rather than padding."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    best_h, best_w = select_best_resolution((height, width), [tuple(p) for p in pinpoints])
+    rows, cols = best_h // tile, best_w // tile
+    h, w = rows * side, cols * side
+    if width / height > w / h:
+        pad = (h - int(round(height * (w / width), 7))) // 2
+        return rows, cols, (pad, h - pad, 0, w)
+    pad = (w - int(round(width * (h / height), 7))) // 2
+    return rows, cols, (0, h, pad, w - pad)
+
+
+def anyres_shrink(h: int, w: int, side: int, max_tiles: int) -> tuple[int, int] | None:
+    """The size a kept h x w patch grid is interpolated to (None: kept as it is): at most
+    about `max_tiles` tiles of patches ("anyres_max_9")."""
+    ratio = math.sqrt(h * w / (max_tiles * side * side))
+    return (int(h // ratio), int(w // ratio)) if ratio > 1.1 else None
+
+
+def onevision_tokens(tensors: Tensors, config) -> int:
+    """Placeholder tokens of a LLaVA-OneVision image (its overview, or with image_sizes,
+    its tiles too): what the model's processor counts."""
+    vision = config.vision_config
+    side = vision.image_size // vision.patch_size
+    if tensors["pixel_values"].shape[0] == 1:  # the overview alone, then a newline
+        return side * side + 1
+    height, width = (int(v) for v in tensors["image_sizes"][0])
+    _, _, (top, bottom, left, right) = anyres_layout(
+        height, width, vision.image_size, side, config.image_grid_pinpoints
+    )
+    h, w = bottom - top, right - left
+    max_tiles = int(str(config.vision_aspect_ratio).removeprefix("anyres_max_"))
+    h, w = anyres_shrink(h, w, side, max_tiles) or (h, w)
+    return side * side + h * w + h  # the overview, the kept grid, a newline a row
+
+
+def _onevision_split(outputs: Tensors, count: int) -> list[Tensors]:
+    pixels, sizes = outputs["pixel_values"], outputs["image_sizes"]
+    if pixels.shape[0] != count:
+        raise ValueError(f"the image processor made {pixels.shape[0]} images of {count}")
+    return [{"pixel_values": pixels[i], "image_sizes": sizes[i : i + 1]} for i in range(count)]
+
+
+def _render_onevision(
+    tensors: Tensors, config, family: Family, prompt_images: int
+) -> tuple[str, list[Tensors]]:
+    """An image alone: its overview and the tiles of its best pinpoint; among several: its
+    overview only (as the model reads a multi-image prompt)."""
+    pixels, sizes = tensors["pixel_values"], tensors["image_sizes"]
+    if prompt_images > 1:
+        image = {"pixel_values": pixels[:1]}
+    else:
+        vision = config.vision_config
+        height, width = (int(v) for v in sizes[0])
+        rows, cols, _ = anyres_layout(
+            height, width, vision.image_size, 1, config.image_grid_pinpoints
+        )
+        image = {"pixel_values": pixels[: 1 + rows * cols], "image_sizes": sizes}
+    return family.placeholder * onevision_tokens(image, config), [image]
+
+
 _IDEFICS3 = Family(
     "<image>", _tiles_split, _tile_tokens, _render_tiles, {"return_row_col_info": True}, True
 )
@@ -125,6 +200,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2_5_vl": Family("<|image_pad|>", _grid_split, _grid_tokens),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
+    "llava_onevision": Family(
+        "<image>", _onevision_split, onevision_tokens, _render_onevision, None, True
+    ),
 }
 
 

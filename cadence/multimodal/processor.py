@@ -86,7 +86,7 @@ class ImagePrompts:
                 raise MediaError(f"the model's image processor refused the image: {e}") from None
         texts, encoded = [], []  # what replaces each placeholder; what the engine encodes
         for tensors in per_image:
-            text_of, parts = self.family.expand(tensors, self.config)
+            text_of, parts = self.family.expand(tensors, self.config, len(images))
             texts.append(text_of)
             encoded += parts
         counts = [self.family.tokens(tensors, self.config) for tensors in encoded]

@@ -1,0 +1,107 @@
+"""LLaVA-OneVision: a SigLIP tower read at `vision_feature_layer` (the last, before its
+final norm), LLaVA's projector, and "anyres": an image alone in its prompt is its overview
+at the tower's size plus a grid of tiles at the best of `image_grid_pinpoints`; the grid's
+features are cut back to the image's own aspect (the padding's rows or columns dropped),
+shrunk by bilinear interpolation to at most `anyres_max_N` tiles' worth, and end each row
+with the learned `image_newline`. An image among several in a prompt is its overview
+alone, then one newline. The API side sends only the overview for those
+(cadence/multimodal/families.py counts the tokens the same way).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cadence.models.idefics3 import SiglipVisionTransformer
+from cadence.models.llava import LlavaProjector
+from cadence.models.vision_language import VisionLanguageModel
+from cadence.multimodal.families import anyres_layout, anyres_shrink, onevision_tokens
+from cadence.multimodal.inputs import ImageInput
+
+
+class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
+    vision_prefixes = ("vision_tower.", "multi_modal_projector.", "image_newline")
+
+    def build_vision(self, config) -> None:
+        top, vision = config.vision_language, config.vision_config
+        layer = getattr(top, "vision_feature_layer", -1)
+        if not isinstance(layer, int) or top.vision_feature_select_strategy != "full":
+            raise ValueError("LLaVA-OneVision with one feature layer and every patch only")
+        total = vision.num_hidden_layers
+        self.feature_layer = layer if layer >= 0 else total + 1 + layer
+        self.tile = vision.image_size
+        self.side = vision.image_size // vision.patch_size  # patches a tile side
+        self.pinpoints = [tuple(p) for p in top.image_grid_pinpoints]
+        self.max_tiles = int(str(top.vision_aspect_ratio).removeprefix("anyres_max_"))
+        self.vision_tower = SiglipVisionTransformer(vision, self.feature_layer, final_norm=False)
+        self.multi_modal_projector = LlavaProjector(
+            vision.hidden_size,
+            config.hidden_size,
+            getattr(top, "projector_hidden_act", "gelu"),
+            bool(getattr(top, "multimodal_projector_bias", True)),
+        )
+        self.image_newline = nn.Parameter(torch.empty(config.hidden_size))
+
+    def vision_name(self, name: str) -> str | None:
+        name = name.replace("vision_tower.vision_model.", "vision_tower.")
+        if name.startswith(("vision_tower.head.", "vision_tower.post_layernorm.")):
+            return None  # the pooling head and final norm: not read
+        parts = name.split(".")
+        if parts[1:3] == ["encoder", "layers"] and int(parts[3]) >= self.feature_layer:
+            return None  # a layer after the one read
+        return name
+
+    def check_image(self, image: ImageInput) -> None:
+        shape = image.tensors["pixel_values"].shape
+        if len(shape) != 4 or shape[1:] != [3, self.tile, self.tile] or shape[0] < 1:
+            raise ValueError(f"pixel_values of shape {shape}: expected [tiles, 3, S, S]")
+        if shape[0] > 1:
+            size = image.tensors["image_sizes"]
+            if size.shape != [1, 2] or size.dtype != "int64":
+                raise ValueError("tiles need image_sizes [1, 2]")
+            height, width = (int(v) for v in size.to_torch()[0])
+            if min(height, width) < 1:
+                raise ValueError(f"an image of {height}x{width}")
+            rows, cols, _ = anyres_layout(height, width, self.tile, self.side, self.pinpoints)
+            if shape[0] != 1 + rows * cols:
+                raise ValueError(f"{shape[0]} tiles for an image of {height}x{width}")
+        if image.length != self.tokens(image):
+            raise ValueError(f"{image.length} placeholder tokens for {self.tokens(image)}")
+
+    def encode(self, images: list[ImageInput]) -> list[torch.Tensor]:
+        like = self.multi_modal_projector.linear_1.weight
+        tiles = [self.device_tensor(image, "pixel_values", like) for image in images]
+        features = self.multi_modal_projector(self.vision_tower(torch.cat(tiles)))
+        out, start = [], 0
+        for image, pixels in zip(images, tiles):
+            image_features = features[start : start + pixels.shape[0]]
+            start += pixels.shape[0]
+            out.append(self._pack(image, image_features))
+        return out
+
+    # ---- anyres ------------------------------------------------------------------------
+
+    def tokens(self, image: ImageInput) -> int:
+        pixels = {"pixel_values": image.tensors["pixel_values"].to_torch().numpy()}
+        if "image_sizes" in image.tensors:
+            pixels["image_sizes"] = image.tensors["image_sizes"].to_torch().numpy()
+        return onevision_tokens(pixels, self.config.vision_language)
+
+    def _pack(self, image: ImageInput, features: torch.Tensor) -> torch.Tensor:
+        newline = self.image_newline.to(features.dtype)
+        if features.shape[0] == 1:
+            return torch.cat([features[0], newline[None]])
+        height, width = (int(v) for v in image.tensors["image_sizes"].to_torch()[0])
+        s, d = self.side, features.shape[-1]
+        rows, cols, (top, bottom, left, right) = anyres_layout(
+            height, width, self.tile, s, self.pinpoints
+        )
+        grid = features[1:].view(rows, cols, s, s, d).permute(4, 0, 2, 1, 3)
+        grid = grid.reshape(d, rows * s, cols * s)[:, top:bottom, left:right]
+        shrunk = anyres_shrink(bottom - top, right - left, s, self.max_tiles)
+        if shrunk is not None:
+            grid = F.interpolate(grid[None], list(shrunk), mode="bilinear")[0]
+        grid = torch.cat([grid, newline[:, None, None].expand(d, grid.shape[1], 1)], dim=-1)
+        return torch.cat([features[0], grid.flatten(1).transpose(0, 1)])
