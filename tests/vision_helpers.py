@@ -54,6 +54,8 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
         return _save_tiny_idefics3(path)
     if kind == "llava_onevision":
         return _save_tiny_onevision(path)
+    if kind == "llava_next":
+        return _save_tiny_next(path)
     if kind != "llava":
         raise ValueError(kind)
     import transformers as tf
@@ -235,6 +237,51 @@ def _save_tiny_onevision(path: str) -> None:
     ).save_pretrained(path)
 
 
+def _save_tiny_next(path: str) -> None:
+    """LLaVA-NeXT: LLaVA's tiny CLIP tower (class token dropped) over 32-pixel tiles, the
+    pinpoints above, never shrunk."""
+    import transformers as tf
+
+    vision = tf.CLIPVisionConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        projection_dim=32,
+        initializer_range=0.1,
+    )
+    config = tf.LlavaNextConfig(
+        vision_config=vision,
+        text_config=tf.LlamaConfig(**TEXT),
+        image_token_id=IMAGE_TOKEN_ID,
+        image_grid_pinpoints=PINPOINTS,
+        tie_word_embeddings=False,
+    )
+    model = tf.LlavaNextForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("vision" in name or "projector" in name) and p.dim() > 1:
+                p.normal_(0, 0.2)
+            if name.endswith("image_newline"):
+                p.normal_(0, 1.0)
+    model.save_pretrained(path)
+    image_processor = tf.LlavaNextImageProcessor(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_grid_pinpoints=PINPOINTS,
+    )
+    tf.LlavaNextProcessor(
+        image_processor=image_processor,
+        tokenizer=_tokenizer(),
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(path)
+
+
 def onevision_inputs(path: str, text: str, images: list) -> dict:
     """What LLaVA-OneVision's processor would give (its class loads only with
     torchvision): the image processor's tensors, and each placeholder repeated by the
@@ -277,8 +324,10 @@ PLACEHOLDERS = {
     "qwen2_5_vl": "<|vision_start|><|image_pad|><|vision_end|>",
     "idefics3": "<image>",
     "llava_onevision": "<image>",
+    "llava_next": "<image>",
 }
 HF_CLASSES = {
+    "llava_next": "LlavaNextForConditionalGeneration",
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
     "llava": "LlavaForConditionalGeneration",
@@ -297,7 +346,7 @@ def hf_vision_model(kind: str, path: str):
         .from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
         .eval()
     )
-    own = kind in ("llava", "idefics3")  # (Qwen's and OneVision's classes need torchvision)
+    own = kind in ("llava", "llava_next", "idefics3")  # (Qwen's, OneVision's need torchvision)
     processor = tf.AutoProcessor.from_pretrained(path) if own else path
     if kind == "llava_onevision":
         processor = ("onevision", path)

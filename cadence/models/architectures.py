@@ -26,6 +26,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "LlavaNextForConditionalGeneration": ("llava_onevision", "LlavaNextForConditionalGeneration"),
     "LlavaOnevisionForConditionalGeneration": (
         "llava_onevision",
         "LlavaOnevisionForConditionalGeneration",
@@ -69,6 +70,7 @@ BY_MODEL_TYPE: dict[str, str] = {
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "llama": "LlamaForCausalLM",
     "llava": "LlavaForConditionalGeneration",
+    "llava_next": "LlavaNextForConditionalGeneration",
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",

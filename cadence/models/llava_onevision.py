@@ -1,11 +1,16 @@
-"""LLaVA-OneVision: a SigLIP tower read at `vision_feature_layer` (the last, before its
-final norm), LLaVA's projector, and "anyres": an image alone in its prompt is its overview
-at the tower's size plus a grid of tiles at the best of `image_grid_pinpoints`; the grid's
-features are cut back to the image's own aspect (the padding's rows or columns dropped),
-shrunk by bilinear interpolation to at most `anyres_max_N` tiles' worth, and end each row
-with the learned `image_newline`. An image among several in a prompt is its overview
-alone, then one newline. The API side sends only the overview for those
-(cadence/multimodal/families.py counts the tokens the same way).
+"""LLaVA-OneVision and LLaVA-NeXT ("anyres"): an image is its overview at the tower's
+size plus a grid of tiles at the best of `image_grid_pinpoints`; the grid's features are
+cut back to the image's own aspect (the padding's rows or columns dropped), end each row
+with the learned `image_newline`, and follow the overview's.
+
+    OneVision  a SigLIP tower read at `vision_feature_layer` (the last, before its final
+               norm), every patch; the grid shrunk by bilinear interpolation to at most
+               `anyres_max_N` tiles' worth; an image among several in a prompt is its
+               overview alone, then one newline (the API side sends only the overview)
+    NeXT       a CLIP tower read at `vision_feature_layer` (-2), the class token dropped;
+               every image with its tiles
+
+cadence/multimodal/families.py counts the tokens the same way (`onevision_tokens`).
 """
 
 from __future__ import annotations
@@ -14,10 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cadence.models.clip import CLIPVisionTransformer
 from cadence.models.idefics3 import SiglipVisionTransformer
 from cadence.models.llava import LlavaProjector
 from cadence.models.vision_language import VisionLanguageModel
-from cadence.multimodal.families import anyres_layout, anyres_shrink, onevision_tokens
+from cadence.multimodal.families import (
+    anyres_layout,
+    anyres_max_tiles,
+    anyres_shrink,
+    onevision_tokens,
+)
 from cadence.multimodal.inputs import ImageInput
 
 
@@ -27,15 +38,15 @@ class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
     def build_vision(self, config) -> None:
         top, vision = config.vision_language, config.vision_config
         layer = getattr(top, "vision_feature_layer", -1)
-        if not isinstance(layer, int) or top.vision_feature_select_strategy != "full":
-            raise ValueError("LLaVA-OneVision with one feature layer and every patch only")
+        if not isinstance(layer, int):
+            raise ValueError("an anyres LLaVA reads one feature layer")
         total = vision.num_hidden_layers
         self.feature_layer = layer if layer >= 0 else total + 1 + layer
+        self.keep_class_token = getattr(top, "vision_feature_select_strategy", "full") == "full"
         self.tile = vision.image_size
         self.side = vision.image_size // vision.patch_size  # patches a tile side
         self.pinpoints = [tuple(p) for p in top.image_grid_pinpoints]
-        self.max_tiles = int(str(top.vision_aspect_ratio).removeprefix("anyres_max_"))
-        self.vision_tower = SiglipVisionTransformer(vision, self.feature_layer, final_norm=False)
+        self.build_tower(vision)
         self.multi_modal_projector = LlavaProjector(
             vision.hidden_size,
             config.hidden_size,
@@ -43,6 +54,13 @@ class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
             bool(getattr(top, "multimodal_projector_bias", True)),
         )
         self.image_newline = nn.Parameter(torch.empty(config.hidden_size))
+
+    def build_tower(self, vision) -> None:
+        self.vision_tower = SiglipVisionTransformer(vision, self.feature_layer, final_norm=False)
+
+    def tower(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[tiles, 3, S, S] -> [tiles, side * side, hidden]: the feature layer's output."""
+        return self.vision_tower(pixels)
 
     def vision_name(self, name: str) -> str | None:
         name = name.replace("vision_tower.vision_model.", "vision_tower.")
@@ -73,7 +91,7 @@ class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
     def encode(self, images: list[ImageInput]) -> list[torch.Tensor]:
         like = self.multi_modal_projector.linear_1.weight
         tiles = [self.device_tensor(image, "pixel_values", like) for image in images]
-        features = self.multi_modal_projector(self.vision_tower(torch.cat(tiles)))
+        features = self.multi_modal_projector(self.tower(torch.cat(tiles)))
         out, start = [], 0
         for image, pixels in zip(images, tiles):
             image_features = features[start : start + pixels.shape[0]]
@@ -100,8 +118,18 @@ class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
         )
         grid = features[1:].view(rows, cols, s, s, d).permute(4, 0, 2, 1, 3)
         grid = grid.reshape(d, rows * s, cols * s)[:, top:bottom, left:right]
-        shrunk = anyres_shrink(bottom - top, right - left, s, self.max_tiles)
-        if shrunk is not None:
+        max_tiles = anyres_max_tiles(self.config.vision_language)
+        shrunk = max_tiles and anyres_shrink(bottom - top, right - left, s, max_tiles)
+        if shrunk:
             grid = F.interpolate(grid[None], list(shrunk), mode="bilinear")[0]
         grid = torch.cat([grid, newline[:, None, None].expand(d, grid.shape[1], 1)], dim=-1)
         return torch.cat([features[0], grid.flatten(1).transpose(0, 1)])
+
+
+class LlavaNextForConditionalGeneration(LlavaOnevisionForConditionalGeneration):
+    def build_tower(self, vision) -> None:
+        self.vision_tower = CLIPVisionTransformer(vision, self.feature_layer)
+
+    def tower(self, pixels: torch.Tensor) -> torch.Tensor:
+        (features,) = self.vision_tower.hidden_states(pixels, [self.feature_layer])
+        return features if self.keep_class_token else features[:, 1:]

@@ -12,8 +12,8 @@ image, and how many placeholder tokens each image takes.
     smolvlm     rows x cols tiles and itself at tile size, each an image to the engine,
                 written between row / column tags (`render`)
     llava_onevision  pixel_values [images, tiles, 3, S, S] with image_sizes: an image
-                alone is its overview and its pinpoint's tiles (`anyres_layout`), among
-                several its overview only; tokens as its processor counts them
+    llava_next  is its overview and its pinpoint's tiles (`anyres_layout`); OneVision's
+                among several its overview only; tokens as their processors count them
 
 The prompt names each image by the placeholder once (as the model's chat template writes
 it); `Family.expand` gives what replaces it (the placeholder repeated to the image's token
@@ -149,6 +149,12 @@ def anyres_shrink(h: int, w: int, side: int, max_tiles: int) -> tuple[int, int] 
     return (int(h // ratio), int(w // ratio)) if ratio > 1.1 else None
 
 
+def anyres_max_tiles(config) -> int | None:
+    """OneVision's "anyres_max_N": N; None where the grid is never shrunk (LLaVA-NeXT)."""
+    ratio = getattr(config, "vision_aspect_ratio", None)
+    return int(str(ratio).removeprefix("anyres_max_")) if ratio else None
+
+
 def onevision_tokens(tensors: Tensors, config) -> int:
     """Placeholder tokens of a LLaVA-OneVision image (its overview, or with image_sizes,
     its tiles too): what the model's processor counts."""
@@ -161,8 +167,8 @@ def onevision_tokens(tensors: Tensors, config) -> int:
         height, width, vision.image_size, side, config.image_grid_pinpoints
     )
     h, w = bottom - top, right - left
-    max_tiles = int(str(config.vision_aspect_ratio).removeprefix("anyres_max_"))
-    h, w = anyres_shrink(h, w, side, max_tiles) or (h, w)
+    max_tiles = anyres_max_tiles(config)
+    h, w = (max_tiles and anyres_shrink(h, w, side, max_tiles)) or (h, w)
     return side * side + h * w + h  # the overview, the kept grid, a newline a row
 
 
@@ -179,7 +185,7 @@ def _render_onevision(
     """An image alone: its overview and the tiles of its best pinpoint; among several: its
     overview only (as the model reads a multi-image prompt)."""
     pixels, sizes = tensors["pixel_values"], tensors["image_sizes"]
-    if prompt_images > 1:
+    if prompt_images > 1 and anyres_max_tiles(config):  # (OneVision's; NeXT tiles every one)
         image = {"pixel_values": pixels[:1]}
     else:
         vision = config.vision_config
@@ -191,6 +197,7 @@ def _render_onevision(
     return family.placeholder * onevision_tokens(image, config), [image]
 
 
+_ANYRES = Family("<image>", _onevision_split, onevision_tokens, _render_onevision, None, True)
 _IDEFICS3 = Family(
     "<image>", _tiles_split, _tile_tokens, _render_tiles, {"return_row_col_info": True}, True
 )
@@ -200,9 +207,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2_5_vl": Family("<|image_pad|>", _grid_split, _grid_tokens),
     "idefics3": _IDEFICS3,
     "smolvlm": _IDEFICS3,
-    "llava_onevision": Family(
-        "<image>", _onevision_split, onevision_tokens, _render_onevision, None, True
-    ),
+    "llava_onevision": _ANYRES,
+    "llava_next": _ANYRES,
 }
 
 

@@ -1,11 +1,12 @@
-"""Each vision-language family (LLaVA, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL, Idefics3:
-SmolVLM's layout and classes), built tiny by transformers with its image processor: greedy
-tokens equal transformers' in float32 with one image, two (apart and adjacent), images of
-other sizes (other token counts: Qwen's M-RoPE positions and windows, Idefics3's tile
-grids, OneVision's kept and shrunk grids, or its overviews alone when a prompt has
-several) and no image, in one mixed batch under chunked prefill and preemption; a
-repeated image hits the prefix cache (hash and radix) and is not encoded again, while
-another image behind the same text never hits; LLM.chat takes OpenAI content parts."""
+"""Each vision-language family (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL,
+Idefics3: SmolVLM's layout and classes), built tiny by transformers with its image
+processor: greedy tokens equal transformers' in float32 with one image, two (apart and
+adjacent), images of other sizes (other token counts: Qwen's M-RoPE positions and windows,
+Idefics3's tile grids, the anyres LLaVAs' kept grids, shrunk ones, OneVision's overviews
+alone when a prompt has several) and no image, in one mixed batch under chunked prefill
+and preemption; a repeated image hits the prefix cache (hash and radix) and is not encoded
+again, while another image behind the same text never hits; LLM.chat takes OpenAI content
+parts."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ CASES = [
     ("no image at all, a longer text prompt", []),
     ("a wide one <image>", [(300, 17, 6)]),
 ]
-KINDS = ["llava", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3"]
+KINDS = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
