@@ -56,21 +56,17 @@ class RadixNode:
         )
 
 
-def tree_tokens(request: Request) -> Sequence:
-    """A request's tokens as the tree keys them: its own ids, except where equal ids hold
-    different K/V. An image's placeholders become negative keys made of the image's content
-    hash and the position in it; an adapter's tokens are paired with its namespace, so
-    adapters (and the base model) never share a prefix."""
-    tokens = request.all_token_ids
-    if request.lora is None and not request.images:
-        return tokens
-    keys: list = list(tokens)
+def tree_tokens(request: Request) -> Sequence[int]:
+    """A request's tokens as the tree keys them: its own ids, but an image's placeholders,
+    which become negative keys made of the image's content hash and the position in it (the
+    same placeholder ids before another image hold other K/V). (LoRA adapters do not run
+    with this cache: config.py refuses the pair.)"""
+    if not request.images:
+        return request.all_token_ids
+    keys = list(request.all_token_ids)
     for image in request.images:
         base = int(image.content_hash[:15], 16) << 24
         keys[image.offset : image.end] = [-(base + i) - 1 for i in range(image.length)]
-    if request.lora is not None:
-        namespace = request.lora.cache_namespace
-        keys = [(key, namespace) for key in keys]
     return keys
 
 

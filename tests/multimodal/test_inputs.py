@@ -11,7 +11,6 @@ import pytest
 from cadence.core.hash_prefix_cache import make_block_hasher
 from cadence.core.radix_cache import tree_tokens
 from cadence.core.request import Request
-from cadence.lora_request import LoRARequest
 from cadence.multimodal.inputs import ImageInput, TensorData, check_images, hash_tensors
 from cadence.sampling_params import SamplingParams
 
@@ -55,11 +54,9 @@ def test_image_tokens_must_be_exactly_the_images_spans():
         check_images([_image(0, 1, 2)], prompt, None)
 
 
-def _request(images, lora=None, bs=4):
+def _request(images, bs=4):
     prompt = [5, 6, IMG, IMG, IMG, IMG, 7, 8, 9, 10]
-    return Request(
-        "r", prompt, SamplingParams(), block_hasher=make_block_hasher(bs), images=images, lora=lora
-    )
+    return Request("r", prompt, SamplingParams(), block_hasher=make_block_hasher(bs), images=images)
 
 
 def test_block_hashes_under_an_image_carry_its_hash():
@@ -71,12 +68,9 @@ def test_block_hashes_under_an_image_carry_its_hash():
     assert _request([_image(0, 2, 4)]).block_hashes == a.block_hashes
 
 
-def test_radix_keys_put_the_image_and_the_adapter_in_the_tokens():
+def test_radix_keys_put_the_image_in_the_tokens():
     a, b = _request([_image(0, 2, 4)]), _request([_image(1, 2, 4)])
     ka, kb = tree_tokens(a), tree_tokens(b)
     assert ka[:2] == kb[:2] == [5, 6] and ka[6:] == kb[6:]
     assert all(k < 0 for k in ka[2:6]) and ka[2:6] != kb[2:6]
-    lora = LoRARequest("x", 1, "/adapters/x")
-    plain = Request("p", [1, 2, 3], SamplingParams())
-    adapted = Request("q", [1, 2, 3], SamplingParams(), lora=lora)
-    assert tree_tokens(plain) == [1, 2, 3] and tree_tokens(adapted) != [1, 2, 3]
+    assert tree_tokens(Request("p", [1, 2, 3], SamplingParams())) == [1, 2, 3]
