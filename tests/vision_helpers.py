@@ -8,20 +8,22 @@ import os
 
 import numpy as np
 import torch
+from model_helpers import TINY
 
 # SmolLM2's tokenizer (49,152 tokens) with an image placeholder added after them.
 IMAGE_TOKEN_ID = 49152
-TEXT = dict(
-    vocab_size=49216,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
+# The zoo's tiny language model over that vocabulary (rounded up to 64), longer prompts.
+TEXT = dict(TINY, vocab_size=49216, max_position_embeddings=1024, tie_word_embeddings=False)
+# LLaVA's and LLaVA-NeXT's tower: 32-pixel images of 8-pixel patches (16 tokens)
+TINY_CLIP = dict(
+    image_size=32,
+    patch_size=8,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=3,
     num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-    rms_norm_eps=1e-6,
+    projection_dim=32,
     initializer_range=0.1,
-    tie_word_embeddings=False,
 )
 # A template that writes each image part as the placeholder, as VLMs' templates do.
 CHAT_TEMPLATE = (
@@ -46,6 +48,19 @@ def _tokenizer(placeholders: list[str] = ("<image>",)):
     return tok
 
 
+def _save_sharpened(model, path: str, parts: tuple[str, ...]) -> None:
+    """Save `model` after drawing the vision side's matrices (names containing one of
+    `parts`) wider, and any image_newline at unit scale: transformers' default init leaves
+    image features too faint to steer a greedy choice, so a test could not fail on them."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if any(part in name for part in parts) and p.dim() > 1:
+                p.normal_(0, 0.2)
+            if name.endswith("image_newline"):
+                p.normal_(0, 1.0)
+    model.save_pretrained(path)
+
+
 def save_tiny_vision_model(kind: str, path: str) -> None:
     """A random `kind` model (float32), its processor, tokenizer and chat template."""
     if kind in ("qwen2_vl", "qwen2_5_vl"):
@@ -60,16 +75,7 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
         raise ValueError(kind)
     import transformers as tf
 
-    vision = tf.CLIPVisionConfig(
-        image_size=32,
-        patch_size=8,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        projection_dim=32,
-        initializer_range=0.1,
-    )
+    vision = tf.CLIPVisionConfig(**TINY_CLIP)
     config = tf.LlavaConfig(
         vision_config=vision,
         text_config=tf.LlamaConfig(**TEXT),
@@ -77,11 +83,7 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
         initializer_range=0.1,
     )
     model = tf.LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():  # visible image features: the default init is too tame
-        for name, p in model.named_parameters():
-            if ("vision" in name or "projector" in name) and p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(path)
+    _save_sharpened(model, path, ("vision", "projector"))
     image_processor = tf.CLIPImageProcessor(
         size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
     )
@@ -140,11 +142,7 @@ def _save_tiny_qwen_vl(kind: str, path: str) -> None:
         eos_token_id=2,
     )
     model = model_cls(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "visual" in name and p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(path)
+    _save_sharpened(model, path, ("visual",))
     tok = _tokenizer(QWEN_TOKENS)
     tok.chat_template = QWEN_TEMPLATE
     tok.save_pretrained(path)
@@ -178,11 +176,7 @@ def _save_tiny_idefics3(path: str) -> None:
         tie_word_embeddings=False,
     )
     model = tf.Idefics3ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ("vision" in name or "connector" in name) and p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.save_pretrained(path)
+    _save_sharpened(model, path, ("vision", "connector"))
     image_processor = tf.Idefics3ImageProcessor(
         size={"longest_edge": 64}, max_image_size={"longest_edge": 32}
     )
@@ -222,13 +216,7 @@ def _save_tiny_onevision(path: str) -> None:
         tie_word_embeddings=False,
     )
     model = tf.LlavaOnevisionForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ("vision" in name or "projector" in name) and p.dim() > 1:
-                p.normal_(0, 0.2)
-            if name.endswith("image_newline"):
-                p.normal_(0, 1.0)
-    model.save_pretrained(path)
+    _save_sharpened(model, path, ("vision", "projector"))
     tok = _tokenizer()
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(path)
@@ -242,16 +230,7 @@ def _save_tiny_next(path: str) -> None:
     pinpoints above, never shrunk."""
     import transformers as tf
 
-    vision = tf.CLIPVisionConfig(
-        image_size=32,
-        patch_size=8,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        projection_dim=32,
-        initializer_range=0.1,
-    )
+    vision = tf.CLIPVisionConfig(**TINY_CLIP)
     config = tf.LlavaNextConfig(
         vision_config=vision,
         text_config=tf.LlamaConfig(**TEXT),
@@ -260,13 +239,7 @@ def _save_tiny_next(path: str) -> None:
         tie_word_embeddings=False,
     )
     model = tf.LlavaNextForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ("vision" in name or "projector" in name) and p.dim() > 1:
-                p.normal_(0, 0.2)
-            if name.endswith("image_newline"):
-                p.normal_(0, 1.0)
-    model.save_pretrained(path)
+    _save_sharpened(model, path, ("vision", "projector"))
     image_processor = tf.LlavaNextImageProcessor(
         size={"shortest_edge": 32},
         crop_size={"height": 32, "width": 32},
