@@ -1,7 +1,8 @@
 """Workloads of `cadence bench serve`: what each request sends.
 
 random          random token ids decoded to text (like vLLM's random dataset), input and
-                output lengths uniform in [len*(1-r), len*(1+r)]
+                output lengths uniform in [len*(1-r), len*(1+r)]; with --random-images N,
+                chat messages of N distinct random images and that text
 shared-prefix   G system prompts of L random tokens, each followed by Q different random
                 questions, in shuffled order: the workload prefix caches are for
 jsonl           a file of {"prompt": "..."} or {"messages": [...]} lines, each with an
@@ -46,8 +47,9 @@ class BenchPrompt:
 
 
 def count_prompt_tokens(tokenizer, prompt: BenchPrompt, chat: bool) -> int | None:
-    """Prompt tokens as a server with this tokenizer counts them (chat: with the template)."""
-    if tokenizer is None:
+    """Prompt tokens as a server with this tokenizer counts them (chat: with the template;
+    None with images, whose tokens only the model's processor knows)."""
+    if tokenizer is None or prompt.meta.get("images"):
         return None
     if not chat:
         if prompt.prompt is None:
@@ -114,6 +116,36 @@ def random_prompts(
         text, _ = text_of_length(tokenizer, [vocab[i] for i in r.prompt_token_ids], vocab, rng)
         prompts.append(BenchPrompt(prompt=text, max_tokens=r.output_len))
     return prompts
+
+
+def random_image_url(rng: random.Random, width: int, height: int) -> str:
+    """A PNG data: URL of a random image: smooth colour fields (16x16 random pixels scaled
+    up), so it compresses like a photo rather than like noise, and no two are alike."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    small = Image.frombytes("RGB", (16, 16), bytes(rng.randrange(256) for _ in range(768)))
+    buf = io.BytesIO()
+    small.resize((width, height), Image.BILINEAR).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def add_random_images(
+    prompts: list[BenchPrompt], count: int, size: tuple[int, int], seed: int = 0
+) -> None:
+    """Each prompt becomes a chat message of `count` distinct random images of `size`
+    (width, height) and then its text (a vision-language model's workload)."""
+    rng = random.Random(seed + 7)
+    for p in prompts:
+        parts = [
+            {"type": "image_url", "image_url": {"url": random_image_url(rng, *size)}}
+            for _ in range(count)
+        ]
+        parts.append({"type": "text", "text": p.prompt or ""})
+        p.messages, p.prompt = [{"role": "user", "content": parts}], None
+        p.meta["images"] = count
 
 
 def shared_prefix_prompts(
@@ -212,6 +244,7 @@ __all__ = [
     "count_text_tokens",
     "load_jsonl",
     "ordinary_token_ids",
+    "add_random_images",
     "random_prompts",
     "shared_prefix_prompts",
     "text_of_length",

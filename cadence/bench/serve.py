@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from cadence.bench import report, spec_metrics
 from cadence.bench.datasets import (
     BenchPrompt,
+    add_random_images,
     count_prompt_tokens,
     count_text_tokens,
     load_jsonl,
@@ -121,6 +122,8 @@ def build_prompts(
             args.random_range_ratio,
             seed,
         )
+        if args.random_images:  # (chat only: check_bench_serve_args)
+            add_random_images(prompts, args.random_images, args.random_image_size, seed)
     else:
         groups = args.prefix_repetition_num_prefixes
         total = args.num_prompts or DEFAULT_NUM_PROMPTS
@@ -160,6 +163,8 @@ def describe_dataset(args: argparse.Namespace) -> dict[str, Any]:
             output_len=args.random_output_len,
             range_ratio=args.random_range_ratio,
         )
+        if args.random_images:
+            d.update(images=args.random_images, image_size=list(args.random_image_size))
     elif args.dataset_name == "shared-prefix":
         d.update(
             num_prefixes=args.prefix_repetition_num_prefixes,

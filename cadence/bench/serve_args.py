@@ -155,6 +155,20 @@ def add_bench_serve_args(parser: argparse.ArgumentParser) -> None:
         help="lengths uniform in [len*(1-r), len*(1+r)] (default: 0)",
     )
     d.add_argument(
+        "--random-images",
+        type=int,
+        default=0,
+        metavar="N",
+        help="random dataset, chat endpoint: N distinct random images (PNG data: URLs) "
+        "before each prompt's text, for a vision-language model (default: 0)",
+    )
+    d.add_argument(
+        "--random-image-size",
+        default="448x448",
+        metavar="WxH",
+        help="the random images' size in pixels (default: 448x448)",
+    )
+    d.add_argument(
         "--prefix-repetition-num-prefixes",
         type=positive_int,
         default=10,
@@ -331,6 +345,19 @@ def check_bench_serve_args(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error("--dataset-path is for --dataset-name jsonl")
     if args.dataset_path and not os.path.isfile(args.dataset_path):
         parser.error(f"--dataset-path {args.dataset_path!r} is not a file")
+    if args.random_images:
+        if args.random_images < 0 or args.dataset_name != "random" or args.endpoint != "chat":
+            parser.error(
+                "--random-images N (N >= 0) goes with --dataset-name random and --endpoint chat"
+            )
+        try:
+            w, h = (int(v) for v in args.random_image_size.lower().split("x"))
+            assert 8 <= w <= 8192 and 8 <= h <= 8192
+        except (ValueError, AssertionError):
+            parser.error(
+                f"--random-image-size must be WxH (8 to 8192 each), got {args.random_image_size!r}"
+            )
+        args.random_image_size = (w, h)
     if args.dataset_name == "shared-prefix":
         groups = args.prefix_repetition_num_prefixes
         n = args.num_prompts or DEFAULT_NUM_PROMPTS

@@ -70,6 +70,11 @@ def run(capsys, *flags: str) -> tuple[int, str]:
             "--duration keeps the concurrency full; it does not go with --request-rate",
         ),
         (["--server-pid", "999999999"], "--server-pid 999999999: no such process"),
+        (["--random-images", "1"], "--random-images N (N >= 0) goes with --dataset-name random"),
+        (
+            ["--random-images", "1", "--endpoint", "chat", "--random-image-size", "4x4000"],
+            "--random-image-size must be WxH (8 to 8192 each)",
+        ),
     ],
 )
 def test_bad_arguments(capsys, flags, message):

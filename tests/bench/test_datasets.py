@@ -7,6 +7,7 @@ import json
 import pytest
 
 from cadence.bench.datasets import (
+    add_random_images,
     count_prompt_tokens,
     load_jsonl,
     random_prompts,
@@ -100,3 +101,20 @@ def test_jsonl_errors_name_the_line(tmp_path, line, message):
     path.write_text('{"prompt": "ok"}\n' + line + "\n")
     with pytest.raises(ValueError, match=message):
         load_jsonl(str(path), None, 8, chat=True)
+
+
+def test_random_images_make_chat_messages_of_distinct_decodable_images(tokenizer):
+    from cadence.multimodal.media import MediaPolicy, load_image
+
+    prompts = random_prompts(tokenizer, 3, 8, 4, seed=1)
+    texts = [p.prompt for p in prompts]
+    add_random_images(prompts, 2, (40, 24), seed=1)
+    urls = []
+    for p, text in zip(prompts, texts):
+        assert p.prompt is None and p.meta["images"] == 2
+        (message,) = p.messages
+        *images, last = message["content"]
+        assert last == {"type": "text", "text": text}
+        urls += [part["image_url"]["url"] for part in images]
+    assert len(set(urls)) == 6
+    assert all(load_image(url, MediaPolicy()).size == (40, 24) for url in urls)

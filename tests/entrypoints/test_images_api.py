@@ -133,6 +133,28 @@ def test_responses_and_messages_take_images_as_chat_does(served, oracle):
     assert msg.content[0].text == expected
 
 
+def test_bench_serve_sends_random_images(served, tmp_path):
+    """`cadence bench serve --random-images`: every request carries its images and succeeds;
+    the server encoded each (distinct) image once."""
+    import json
+
+    from server_helper import metric
+
+    from cadence.cli.main import main
+
+    _, srv = served
+    http = httpx.Client(base_url=srv.url)
+    before = metric(http, "cadence:images_encoded_total")
+    out = tmp_path / "bench.json"
+    flags = ["--base-url", srv.url, "--endpoint", "chat", "--random-images", "2"]
+    flags += ["--random-image-size", "48x40", "--num-prompts", "3", "--random-input-len", "8"]
+    flags += ["--random-output-len", "2", "--num-warmups", "0"]
+    assert main(["bench", "serve", "--disable-tqdm", *flags, "--save-json", str(out)]) == 0
+    summary = json.loads(out.read_text())
+    assert summary["dataset"]["images"] == 2
+    assert metric(http, "cadence:images_encoded_total") == before + 6
+
+
 def test_tokenize_expands_each_image(served):
     _, srv = served
     content = [{"type": "text", "text": "hi "}, _part(random_image(10, 10, 3))]
