@@ -53,7 +53,8 @@ class LLM:
         # A vision-language model's processor (images -> placeholder tokens and pixels)
         self.images: ImageReader | None = None
         if self.engine.runner.image_token_id is not None and self.tokenizer is not None:
-            processor = ImagePrompts.for_model(self.engine.runner.model_path)
+            runner = self.engine.runner
+            processor = ImagePrompts.for_model(runner.model_path, runner.pixel_dtype)
             limit = config.model.images_per_prompt()
             self.images = ImageReader(processor, MediaPolicy(), limit)
 

@@ -161,6 +161,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, fanout: OutputFanout, parent
         core.kv_connector.addr,
         core.pooling,
         runner.image_token_id,
+        runner.pixel_dtype,
     )
     send_or_exit(fanout.broadcast, P.encoder.encode(ready))
     try:

@@ -108,6 +108,7 @@ class EngineReady(msgspec.Struct, array_like=True, tag="ready"):
     kv_transfer_addr: str = ""  # a prefill engine's K/V server (--kv-role prefill)
     pooling: PoolingSpec | None = None  # an embedding model (--runner pooling): how it pools
     image_token_id: int | None = None  # a vision-language model's placeholder token
+    pixel_dtype: str = "float32"  # what images' float tensors are sent as (the model's dtype)
 
 
 class EngineCall(msgspec.Struct, array_like=True):

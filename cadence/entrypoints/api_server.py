@@ -125,7 +125,7 @@ def create_app(
         )
         images = None
         if ready.image_token_id is not None and tokenizer is not None:
-            processor = await asyncio.to_thread(ImagePrompts.for_model, path)
+            processor = await asyncio.to_thread(ImagePrompts.for_model, path, ready.pixel_dtype)
             policy = MediaPolicy(opts.allowed_media_domains)
             images = ImageReader(processor, policy, config.model.images_per_prompt())
         prompts = await asyncio.to_thread(

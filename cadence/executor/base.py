@@ -78,6 +78,12 @@ class Executor(ABC):
         return self.driver.image_token_id
 
     @property
+    def pixel_dtype(self) -> str:
+        """The dtype an image's float tensors are sent in: the model's (the encoder casts
+        them to it anyway; bf16 halves the bytes of float32)."""
+        return str(self.driver.dtype).removeprefix("torch.")
+
+    @property
     def image_step(self) -> tuple[int, int, float] | None:
         """The last step's (image tokens, images encoded, encoder seconds); None: a text
         model."""

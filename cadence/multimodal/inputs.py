@@ -38,11 +38,21 @@ class TensorData(msgspec.Struct, array_like=True):
             raise ValueError(f"{what}: {len(self.data)} bytes do not fill shape {self.shape}")
 
     @classmethod
-    def of_numpy(cls, array) -> TensorData:
+    def of_numpy(cls, array, floats: str = "float32") -> TensorData:
+        """`array` as bytes; a float array in `floats` (float32, float16, or bfloat16,
+        rounded to nearest even as torch's cast does)."""
         import numpy as np
 
         array = np.ascontiguousarray(array)
-        return cls(str(array.dtype), list(array.shape), array.tobytes())
+        if array.dtype.kind != "f":
+            return cls(str(array.dtype), list(array.shape), array.tobytes())
+        if floats == "bfloat16":
+            bits = array.astype(np.float32).view(np.uint32)
+            rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # (finite values: pixels)
+            return cls("bfloat16", list(array.shape), rounded.astype(np.uint16).tobytes())
+        if floats not in ("float32", "float16"):
+            raise ValueError(f"floats must be float32, float16 or bfloat16, got {floats!r}")
+        return cls(floats, list(array.shape), array.astype(floats).tobytes())
 
     def to_torch(self):
         import torch

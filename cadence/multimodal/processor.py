@@ -25,13 +25,18 @@ from cadence.multimodal.media import MediaError
 
 
 class ImagePrompts:
-    def __init__(self, model_path: str, family: Family, token_id: int) -> None:
+    def __init__(
+        self, model_path: str, family: Family, token_id: int, pixel_dtype: str = "float32"
+    ) -> None:
+        """`pixel_dtype`: what the images' float tensors are sent as (the engine's model
+        dtype: the encoder would cast them to it)."""
         from transformers import AutoConfig, AutoImageProcessor
 
         from cadence.tokenizer import load_tokenizer
 
         self.family = family
         self.image_token_id = token_id
+        self.pixel_dtype = pixel_dtype
         self.placeholder = family.placeholder
         try:
             self.config = AutoConfig.from_pretrained(model_path)
@@ -49,7 +54,7 @@ class ImagePrompts:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_model(cls, model_path: str | None) -> ImagePrompts | None:
+    def for_model(cls, model_path: str | None, pixel_dtype: str = "float32") -> ImagePrompts | None:
         """The processor of a vision-language model's folder; None for any other model."""
         if model_path is None:
             return None
@@ -61,7 +66,7 @@ class ImagePrompts:
         token_id = image_token_id(config)
         if token_id is None:
             return None
-        return cls(model_path, FAMILIES[config["model_type"]], token_id)
+        return cls(model_path, FAMILIES[config["model_type"]], token_id, pixel_dtype)
 
     def process(
         self, text: str, images: list, add_special_tokens: bool = False
@@ -99,7 +104,10 @@ class ImagePrompts:
             raise MediaError("the text around the placeholders merged into image tokens")
         inputs, taken = [], 0
         for tensors, count in zip(encoded, counts):
-            wire = {name: TensorData.of_numpy(value) for name, value in tensors.items()}
+            wire = {
+                name: TensorData.of_numpy(value, self.pixel_dtype)
+                for name, value in tensors.items()
+            }
             inputs.append(ImageInput(hash_tensors(wire), positions[taken], count, wire))
             taken += count
         return ids, inputs

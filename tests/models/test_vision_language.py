@@ -173,3 +173,20 @@ def test_an_image_the_processor_refuses_is_a_clear_error(tiny_vision_model_dir):
     }
     with pytest.raises(ValueError, match="image processor refused the image: .*aspect ratio"):
         llm.generate(request, PARAMS)
+
+
+def test_a_bf16_engine_gets_bf16_pixels_and_the_same_tokens(tiny_vision_model_dir):
+    """The API side sends pixels in the model's dtype (half float32's bytes): the encoder
+    sees exactly what casting float32 pixels in the engine gave."""
+    path = tiny_vision_model_dir("qwen2_vl")
+    request = {
+        "prompt": _prompt("qwen2_vl", "what is <image>?"),
+        "multi_modal_data": {"image": random_image(40, 36, 13)},
+    }
+    llm = LLM(path, dtype="bfloat16", enable_prefix_caching=False)
+    assert llm.images.prompts.pixel_dtype == "bfloat16"
+    halves = llm.generate(request, PARAMS, use_tqdm=False)[0].outputs[0].token_ids
+    llm.images.prompts.pixel_dtype = "float32"  # as before: cast in the engine
+    llm.engine.runner.driver.images.cache.clear()
+    llm.engine.runner.driver.images.cached_rows = 0
+    assert llm.generate(request, PARAMS, use_tqdm=False)[0].outputs[0].token_ids == halves

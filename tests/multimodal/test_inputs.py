@@ -74,3 +74,15 @@ def test_radix_keys_put_the_image_in_the_tokens():
     assert ka[:2] == kb[:2] == [5, 6] and ka[6:] == kb[6:]
     assert all(k < 0 for k in ka[2:6]) and ka[2:6] != kb[2:6]
     assert tree_tokens(Request("p", [1, 2, 3], SamplingParams())) == [1, 2, 3]
+
+
+def test_float_tensors_travel_in_the_models_dtype_as_torch_would_cast_them():
+    import torch
+
+    values = np.random.RandomState(0).randn(4, 33).astype(np.float32) * 3
+    for floats, dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        wire = TensorData.of_numpy(values, floats)
+        assert wire.dtype == floats and len(wire.data) == values.size * 2
+        assert torch.equal(wire.to_torch(), torch.from_numpy(values).to(dtype))
+    grid = TensorData.of_numpy(np.array([[1, 4, 6]]), "bfloat16")  # integers stay as they are
+    assert grid.dtype == "int64"
