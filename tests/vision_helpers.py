@@ -61,6 +61,19 @@ def _save_sharpened(model, path: str, parts: tuple[str, ...]) -> None:
     model.save_pretrained(path)
 
 
+def _save_llava_processor(cls, image_processor, path: str) -> None:
+    """LLaVA's or LLaVA-NeXT's processor over the tiny CLIP tower (8-pixel patches, the
+    class token dropped)."""
+    cls(
+        image_processor=image_processor,
+        tokenizer=_tokenizer(),
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(path)
+
+
 def save_tiny_vision_model(kind: str, path: str) -> None:
     """A random `kind` model (float32), its processor, tokenizer and chat template."""
     if kind in ("qwen2_vl", "qwen2_5_vl"):
@@ -87,14 +100,7 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
     image_processor = tf.CLIPImageProcessor(
         size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
     )
-    tf.LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=_tokenizer(),
-        patch_size=8,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=CHAT_TEMPLATE,
-    ).save_pretrained(path)
+    _save_llava_processor(tf.LlavaProcessor, image_processor, path)
 
 
 QWEN_TOKENS = ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"]
@@ -245,14 +251,7 @@ def _save_tiny_next(path: str) -> None:
         crop_size={"height": 32, "width": 32},
         image_grid_pinpoints=PINPOINTS,
     )
-    tf.LlavaNextProcessor(
-        image_processor=image_processor,
-        tokenizer=_tokenizer(),
-        patch_size=8,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,
-        chat_template=CHAT_TEMPLATE,
-    ).save_pretrained(path)
+    _save_llava_processor(tf.LlavaNextProcessor, image_processor, path)
 
 
 def onevision_inputs(path: str, text: str, images: list) -> dict:

@@ -49,15 +49,7 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
         )
 
     def vision_name(self, name: str) -> str | None:
-        name = name.replace("vision_tower.vision_model.", "vision_tower.")
-        if name.startswith("vision_tower.post_layernorm."):
-            return None  # LLaVA reads a layer's output, never the tower's final norm
-        parts = name.split(".")
-        if parts[1:3] == ["encoder", "layers"] and int(parts[3]) >= len(
-            self.vision_tower.encoder.layers
-        ):
-            return None  # a layer after the one read
-        return name
+        return self.tower_weight_name(name, len(self.vision_tower.encoder.layers))
 
     def check_image(self, image: ImageInput) -> None:
         shape = image.tensors["pixel_values"].shape

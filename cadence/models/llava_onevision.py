@@ -63,13 +63,7 @@ class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
         return self.vision_tower(pixels)
 
     def vision_name(self, name: str) -> str | None:
-        name = name.replace("vision_tower.vision_model.", "vision_tower.")
-        if name.startswith(("vision_tower.head.", "vision_tower.post_layernorm.")):
-            return None  # the pooling head and final norm: not read
-        parts = name.split(".")
-        if parts[1:3] == ["encoder", "layers"] and int(parts[3]) >= self.feature_layer:
-            return None  # a layer after the one read
-        return name
+        return self.tower_weight_name(name, self.feature_layer)
 
     def check_image(self, image: ImageInput) -> None:
         shape = image.tensors["pixel_values"].shape
@@ -85,8 +79,8 @@ class LlavaOnevisionForConditionalGeneration(VisionLanguageModel):
             rows, cols, _ = anyres_layout(height, width, self.tile, self.side, self.pinpoints)
             if shape[0] != 1 + rows * cols:
                 raise ValueError(f"{shape[0]} tiles for an image of {height}x{width}")
-        if image.length != self.tokens(image):
-            raise ValueError(f"{image.length} placeholder tokens for {self.tokens(image)}")
+        if image.length != (expected := self.tokens(image)):
+            raise ValueError(f"{image.length} placeholder tokens for {expected}")
 
     def encode(self, images: list[ImageInput]) -> list[torch.Tensor]:
         like = self.multi_modal_projector.linear_1.weight

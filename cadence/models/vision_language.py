@@ -66,6 +66,18 @@ class VisionLanguageModel(nn.Module):
         """Our name for a vision-side checkpoint tensor (None: skip it)."""
         return name
 
+    def tower_weight_name(self, name: str, layers_built: int) -> str | None:
+        """A `vision_tower.` checkpoint name as ours: `vision_model.` dropped (the layout
+        of older checkpoints), None for what a tower read at an inner layer never uses
+        (its final norm, a pooling head, the layers after the one read)."""
+        name = name.replace("vision_tower.vision_model.", "vision_tower.")
+        if name.startswith(("vision_tower.post_layernorm.", "vision_tower.head.")):
+            return None
+        parts = name.split(".")
+        if parts[1:3] == ["encoder", "layers"] and int(parts[3]) >= layers_built:
+            return None
+        return name
+
     def mrope_positions(self, prompt_len: int, images: list[ImageInput]):
         raise NotImplementedError  # (a family with uses_mrope)
 
