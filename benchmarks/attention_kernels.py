@@ -20,7 +20,8 @@ from cadence.attention.torch_ref import TorchAttentionBackend
 from cadence.attention.triton_paged import TritonAttentionBackend
 
 
-def make_step(query_lens, seq_lens, args, device="cuda"):
+def make_step(query_lens, seq_lens, args, device="cuda", spans=()):
+    """`spans`: (request, lo, hi) positions that see each other both ways (key limits)."""
     bs, hkv, d = args.block_size, args.kv_heads, args.head_dim
     dtype = getattr(torch, args.dtype)
     blocks = [-(-s // bs) for s in seq_lens]
@@ -41,8 +42,13 @@ def make_step(query_lens, seq_lens, args, device="cuda"):
     qsl = torch.zeros(len(query_lens) + 1, dtype=torch.int64)
     qsl[1:] = torch.cumsum(torch.tensor(query_lens), 0)
 
+    limits = torch.cat([torch.arange(s - q, s) for q, s in zip(query_lens, seq_lens)])
+    for req, lo, hi in spans:
+        first = int(qsl[req]) - (seq_lens[req] - query_lens[req])  # row of position 0
+        limits[first + lo : first + hi] = hi - 1
+
     def meta():
-        return AttentionMetadata(
+        m = AttentionMetadata(
             num_tokens=t,
             query_start_loc=qsl.to(device),
             seq_lens=torch.tensor(seq_lens, device=device),
@@ -52,6 +58,9 @@ def make_step(query_lens, seq_lens, args, device="cuda"):
             seq_lens_cpu=list(seq_lens),
             block_size=bs,
         )
+        if spans:
+            m.key_limits_cpu, m.key_limits = limits, limits.to(device, torch.int32)
+        return m
 
     return q, k, v, cache, meta
 
@@ -96,6 +105,10 @@ def main() -> None:
         ("prefill 2k", [2048], [2048]),
         ("prefill 512 on 3.5k prefix + 32 decodes@2k", [512] + [1] * 32, [4096] + [2048] * 32),
     ]
+    # Gemma 3's images: four of 256 tokens seen both ways in the 2k prefill (key limits)
+    images = [(0, lo, lo + 256) for lo in (100, 600, 1100, 1600)]
+    scenarios = [(name, qlens, slens, ()) for name, qlens, slens in scenarios]
+    scenarios.append(("prefill 2k, 4 images both ways", [2048], [2048], images))
     print(f"heads {args.heads}/{args.kv_heads}, head_dim {args.head_dim}, {args.dtype}, "
           f"block_size {args.block_size}")  # fmt: skip
     header = (
@@ -104,9 +117,9 @@ def main() -> None:
     )
     print(header)
     print("-" * len(header))
-    for name, qlens, slens in scenarios:
+    for name, qlens, slens, spans in scenarios:
         torch.manual_seed(0)
-        step = make_step(qlens, slens, args)
+        step = make_step(qlens, slens, args, spans=spans)
         kv_bytes = sum(slens) * args.kv_heads * args.head_dim * 2 * elem
         flops = sum(
             4 * args.heads * args.head_dim * q * (s - q + (q + 1) / 2) for q, s in zip(qlens, slens)

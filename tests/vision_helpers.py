@@ -25,6 +25,14 @@ TINY_CLIP = dict(
     projection_dim=32,
     initializer_range=0.1,
 )
+# LLaVA-OneVision's and Gemma 3's SigLIP tower (their image and patch sizes apart)
+TINY_SIGLIP = dict(
+    model_type="siglip_vision_model",
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+)
 # A template that writes each image part as the placeholder, as VLMs' templates do.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
@@ -84,6 +92,8 @@ def save_tiny_vision_model(kind: str, path: str) -> None:
         return _save_tiny_onevision(path)
     if kind == "llava_next":
         return _save_tiny_next(path)
+    if kind == "gemma3":
+        return _save_tiny_gemma3(path)
     if kind != "llava":
         raise ValueError(kind)
     import transformers as tf
@@ -202,15 +212,7 @@ def _save_tiny_onevision(path: str) -> None:
     tile), pinpoints up to 96x64 pixels, "anyres_max_1" so that larger grids are shrunk."""
     import transformers as tf
 
-    vision = dict(
-        model_type="siglip_vision_model",
-        hidden_size=32,
-        image_size=32,
-        patch_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-    )
+    vision = dict(TINY_SIGLIP, image_size=32, patch_size=8)
     text = {**TEXT, "model_type": "qwen2"}
     text.pop("tie_word_embeddings")
     config = tf.LlavaOnevisionConfig(
@@ -252,6 +254,52 @@ def _save_tiny_next(path: str) -> None:
         image_grid_pinpoints=PINPOINTS,
     )
     _save_llava_processor(tf.LlavaNextProcessor, image_processor, path)
+
+
+GEMMA3_TOKENS = {  # (the image token first: it takes IMAGE_TOKEN_ID)
+    "image_token": "<image_soft_token>",
+    "boi_token": "<start_of_image>",
+    "eoi_token": "<end_of_image>",
+}
+
+
+def _save_tiny_gemma3(path: str) -> None:
+    """Gemma 3: a SigLIP tower over 24-pixel images of 4-pixel patches, the 6x6 grid
+    pooled to 9 tokens an image; two text layers, the first sliding with a window of 6
+    (shorter than an image: a token of it sees later ones but not the window's past)."""
+    import transformers as tf
+
+    from cadence.loader.model_path import resolve_model_path
+
+    vision = dict(TINY_SIGLIP, image_size=24, patch_size=4)
+    text = dict(
+        TEXT,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    text.pop("tie_word_embeddings")
+    source = os.environ.get("CADENCE_TEST_TOKENIZER") or resolve_model_path(None)
+    tok = tf.AutoTokenizer.from_pretrained(source, extra_special_tokens=GEMMA3_TOKENS)
+    assert tok.image_token_id == IMAGE_TOKEN_ID
+    config = tf.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=9,
+        image_token_id=tok.image_token_id,
+        boi_token_id=tok.boi_token_id,
+        eoi_token_id=tok.eoi_token_id,
+    )
+    model = tf.Gemma3ForConditionalGeneration(config).eval()
+    _save_sharpened(model, path, ("vision", "projector"))
+    image_processor = tf.Gemma3ImageProcessorPil(size={"height": 24, "width": 24})
+    tf.Gemma3Processor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        image_seq_length=9,
+        chat_template=CHAT_TEMPLATE.replace("<image>", "<start_of_image>"),
+    ).save_pretrained(path)
 
 
 def onevision_inputs(path: str, text: str, images: list) -> dict:
@@ -297,8 +345,10 @@ PLACEHOLDERS = {
     "idefics3": "<image>",
     "llava_onevision": "<image>",
     "llava_next": "<image>",
+    "gemma3": "<start_of_image>",
 }
 HF_CLASSES = {
+    "gemma3": "Gemma3ForConditionalGeneration",
     "llava_next": "LlavaNextForConditionalGeneration",
     "llava_onevision": "LlavaOnevisionForConditionalGeneration",
     "idefics3": "Idefics3ForConditionalGeneration",
@@ -318,7 +368,12 @@ def hf_vision_model(kind: str, path: str):
         .from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
         .eval()
     )
-    own = kind in ("llava", "llava_next", "idefics3")  # (Qwen's, OneVision's need torchvision)
+    own = kind in (
+        "llava",
+        "llava_next",
+        "idefics3",
+        "gemma3",
+    )  # (Qwen's, OneVision's need torchvision)
     processor = tf.AutoProcessor.from_pretrained(path) if own else path
     if kind == "llava_onevision":
         processor = ("onevision", path)

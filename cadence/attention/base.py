@@ -9,6 +9,9 @@ The device never sees a request, only token positions and block tables:
     seq_lens      [B]          tokens with K/V once this step is written (context + query)
     slot_mapping  [T]          flat cache slot (block_id * block_size + offset) of each token
     block_tables  [B, max_blocks]  physical block ids, in order
+    key_limits    [T] or None  the last key position each query token sees: its own
+                               position (causal), or later for a token of an image its
+                               model attends both ways (Gemma 3); None: causal throughout
 
 KV cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim], in the
 model's dtype or in FP8 (e4m3): then a slot holds k / k_scale and v / v_scale (the layer's
@@ -43,6 +46,10 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     block_size: int
     backend_data: object = None  # whatever the backend precomputed in build()
+    # [T] int32 on the device, and its host copy (int64): see the module docstring. Only
+    # a backend with capabilities.key_limits is handed them.
+    key_limits: torch.Tensor | None = None
+    key_limits_cpu: torch.Tensor | None = None
     # Per KV group (worker/kv_groups.py), the same step over that group's blocks: a layer
     # of group g reads groups[g]. None: one group, every layer reads this.
     groups: list[AttentionMetadata] | None = None
@@ -60,6 +67,7 @@ class BackendCapabilities:
     sliding_window: bool = False  # forward(window=W): a query sees only its last W keys
     softcap: bool = False  # forward(softcap=c): scores pass through c * tanh(score / c)
     sinks: bool = False  # forward(sinks=s): a logit per head that joins each softmax sum
+    key_limits: bool = False  # meta.key_limits: a query may see keys after its own position
 
 
 class AttentionBackend(abc.ABC):

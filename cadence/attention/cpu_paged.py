@@ -9,7 +9,8 @@ than SHORT_QUERY tokens) keep SDPA over gathered K/V: there the copy is amortise
 chunk's queries, and SDPA's blocked GEMMs beat a per-row kernel. The kernel takes a sliding
 window (it reads only the window's blocks) and soft-capped scores; an FP8 cache and
 attention sinks fall back to the torch backend's path (the kernel reads the activation
-dtype and has no sink term).
+dtype and has no sink term), and so does a step with key limits (Gemma 3's images: the
+kernel masks causally).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
     def _plan_short(
         self, plan: _Plan, short: list[tuple[int, int, int, int]], tables, bs: int, device
     ) -> None:
+        if plan.key_limits is not None:  # queries that see past themselves: the padded plan
+            return super()._plan_short(plan, short, tables, bs, device)
         reqs = torch.tensor(short, dtype=torch.int64)  # (request, first row, query len, keys)
         plan.short_rows = reqs[:, 1].contiguous()
         plan.paged = (
@@ -52,7 +55,7 @@ class CpuPagedAttentionBackend(TorchAttentionBackend):
     ) -> None:
         ops = cpu_ops.usable(q)
         plain = isinstance(k_flat, torch.Tensor) and k_flat.dtype == q.dtype
-        if ops is None or not plain or sinks is not None:
+        if ops is None or not plain or sinks is not None or plan.paged is None:
             if plan.short_mask is None:
                 super()._plan_short(plan, *plan.short_source)
             super()._attend_short(

@@ -10,6 +10,9 @@ block computed in this same step reads what this step wrote), then:
   - longer prefill chunks run one SDPA call each, over cached prefix + chunk, with a
     causal mask offset by the number of tokens already in the cache.
 
+Key limits (an image whose tokens attend to each other both ways, Gemma 3) move a query's
+last visible key past its own position: the masks are built from them instead.
+
 A sliding-window layer narrows the causal mask to the last W keys (each window's masks are
 built once a step, on first use); a soft-capped layer (Gemma 2) or one with attention
 sinks (GPT-OSS) scores in plain matmuls, since SDPA has no hook between the scores and
@@ -55,16 +58,20 @@ class _Plan:
     # block size), all int64 on the CPU, and what the torch path's padded plan is built from.
     paged: tuple | None = None
     short_source: tuple | None = None
+    key_limits: torch.Tensor | None = None  # [T] int64 on the host (meta.key_limits_cpu)
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
-    capabilities = BackendCapabilities(sliding_window=True, softcap=True, sinks=True)
+    capabilities = BackendCapabilities(
+        sliding_window=True, softcap=True, sinks=True, key_limits=True
+    )
 
     def build(self, meta: AttentionMetadata) -> AttentionMetadata:
         device = meta.slot_mapping.device
         bs = meta.block_size
         tables = meta.block_tables.cpu()
+        limits = meta.key_limits_cpu  # (None: causal)
         short: list[tuple[int, int, int, int]] = []  # (request, first row, query len, keys)
         prefills = []
         positions: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -77,11 +84,13 @@ class TorchAttentionBackend(AttentionBackend):
                 slots = (tables[b, pos // bs] * bs + pos % bs).to(device)
                 ctx = slen - qlen
                 qpos = torch.arange(ctx, slen)[:, None]
-                mask = (pos[None, :] <= qpos).to(device)
+                last = qpos if limits is None else limits[start : start + qlen, None]
+                mask = (pos[None, :] <= last).to(device)
                 prefills.append((start, qlen, slots, mask))
                 positions.append((qpos.to(device), pos.to(device)))
             start += qlen
         plan = _Plan(None, None, None, None, prefills, prefill_positions=positions)
+        plan.key_limits = limits
         if short:
             self._plan_short(plan, short, tables, bs, device)
         meta.backend_data = plan
@@ -100,9 +109,11 @@ class TorchAttentionBackend(AttentionBackend):
         pos = torch.arange(lmax)
         slots = tables[reqs[:, 0]][:, pos // bs] * bs + pos % bs
         valid = pos[None, :] < slens[:, None]  # [B, L]
-        # Query i of a request sits at position (keys - query len + i): causal.
+        # Query i of a request sits at position (keys - query len + i): causal, unless
+        # the step's key limits let it see further.
         qpos = (slens - qlens)[:, None] + i  # [B, Q]
-        mask = valid[:, None, :] & (pos[None, None, :] <= qpos[:, :, None])
+        last = qpos if plan.key_limits is None else torch.where(real, plan.key_limits[rows], qpos)
+        mask = valid[:, None, :] & (pos[None, None, :] <= last[:, :, None])
         mask[:, :, 0] |= ~real  # a padding row sees key 0: no row is all -inf (NaN)
         plan.short_rows = rows.flatten().to(device)
         plan.short_real = real.flatten().to(device)

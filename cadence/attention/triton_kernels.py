@@ -11,6 +11,10 @@ prefill), with masked loops before them (keys only the earlier rows' windows sti
 none without a window) and after (the causal tail). Decode tiles (memory-bound) run the
 masked loop alone, which keeps their compile time down.
 
+Key limits (LIMITS): a step whose query tokens may see keys after their own positions (the
+tokens of an image its model attends both ways, Gemma 3) hands each token's last visible
+key; a row then sees keys up to its limit, the window still bounding it from below.
+
 Layer options, all in the same kernels: a sliding window W (a runtime integer: a row at
 position p sees keys p - W < j <= p; no window is a W past any context, so the compare
 costs a decode loop nothing it would notice), soft-capped scores (SOFTCAP, Gemma 2:
@@ -60,7 +64,8 @@ def _softcap(s, cap):
 @triton.jit
 def _attend_range(
     q,  # [BLOCK_M, HEAD_DIM], the model's dtype (an FP8 cache's tiles are widened to it)
-    q_pos,  # [BLOCK_M] int32 absolute position of each row's token (causal limit)
+    q_lo,  # [BLOCK_M] int32: a row sees keys q_lo < j <= q_hi (its position minus the
+    q_hi,  # window; its position, or its key limit)
     acc,  # [BLOCK_M, HEAD_DIM] fp32 running output (unnormalised)
     m_i,  # [BLOCK_M] fp32 running max (log2 domain)
     l_i,  # [BLOCK_M] fp32 running sum
@@ -73,7 +78,6 @@ def _attend_range(
     kv_lo,
     kv_hi,
     qk_scale,  # softmax scale * log2(e): scores live in the log2 domain (exp2 is cheaper)
-    window,  # a row at position p sees keys p - window < j <= p (no window: a huge one)
     softcap,  # log2-domain cap c * log2(e) where SOFTCAP
     MASKED: tl.constexpr,  # False: every key in [kv_lo, kv_hi) is visible to every row
     SOFTCAP: tl.constexpr,
@@ -118,7 +122,7 @@ def _attend_range(
         if SOFTCAP:
             s = _softcap(s, softcap)
         if MASKED:
-            seen = (kv_pos[None, :] <= q_pos[:, None]) & (kv_pos[None, :] > q_pos[:, None] - window)
+            seen = (kv_pos[None, :] <= q_hi[:, None]) & (kv_pos[None, :] > q_lo[:, None])
             s = tl.where(kv_ok[None, :] & seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -151,7 +155,8 @@ def _attend_range(
 @triton.jit
 def attend(
     q,
-    q_pos,
+    q_lo,
+    q_hi,
     cache_ptr,
     bt_row_ptr,
     kv_head_off,
@@ -163,7 +168,6 @@ def attend(
     kv_full_hi,  # both bounds kv_lo plus a multiple of BLOCK_N
     kv_hi,
     qk_scale,
-    window,
     softcap,
     SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -188,19 +192,19 @@ def attend(
     if TWO_PHASE:
         # Keys only the earlier rows' windows still hold (none without a window).
         acc, m_i, l_i = _attend_range(
-            q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
-            stride_cblk, stride_ctok, kv_lo, kv_full_lo, qk_scale, window, softcap, True,
+            q, q_lo, q_hi, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
+            stride_cblk, stride_ctok, kv_lo, kv_full_lo, qk_scale, softcap, True,
             SOFTCAP, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
         )  # fmt: skip
         acc, m_i, l_i = _attend_range(
-            q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
-            stride_cblk, stride_ctok, kv_full_lo, kv_full_hi, qk_scale, window, softcap, False,
+            q, q_lo, q_hi, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
+            stride_cblk, stride_ctok, kv_full_lo, kv_full_hi, qk_scale, softcap, False,
             SOFTCAP, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
         )  # fmt: skip
         masked_lo = kv_full_hi
     acc, m_i, l_i = _attend_range(
-        q, q_pos, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv, stride_cblk,
-        stride_ctok, masked_lo, kv_hi, qk_scale, window, softcap, True,
+        q, q_lo, q_hi, acc, m_i, l_i, cache_ptr, bt_row_ptr, kv_head_off, stride_ckv,
+        stride_cblk, stride_ctok, masked_lo, kv_hi, qk_scale, softcap, True,
         SOFTCAP, BLOCK_M, BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32,
     )  # fmt: skip
     return acc, m_i, l_i
@@ -236,8 +240,10 @@ def _attend_rows_and_store(
     window,
     softcap,
     sinks_ptr,  # [Hq] float32 (SINKS only)
+    limits_ptr,  # [T] int32: each query token's last visible key (LIMITS only)
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
+    LIMITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     G_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -264,7 +270,12 @@ def _attend_rows_and_store(
     )
     # Padding rows get positions past the chunk (what they see is never stored).
     q_pos = pos0 + tok
+    q_hi = q_pos
     kv_hi = tl.minimum(seq_len, pos0 + n_tok)  # the last token sees up to itself
+    if LIMITS:  # tokens of an image attended both ways see on to its last token
+        lim = tl.load(limits_ptr + t, mask=tok < n_tok, other=0)
+        q_hi = tl.where(tok < n_tok, tl.maximum(lim, q_pos), q_pos)
+        kv_hi = tl.minimum(seq_len, tl.max(tl.where(tok < n_tok, q_hi, 0), 0) + 1)
     # The first row's window starts at pos0 - window + 1: tiles before it are skipped.
     kv_lo = tl.maximum(pos0 - window + 1, 0) // BLOCK_N * BLOCK_N
     # Keys every row sees: before the first row's position (causal) and within the last
@@ -275,7 +286,8 @@ def _attend_rows_and_store(
     kv_full_lo = tl.minimum(kv_full_lo, kv_full_hi)
     acc, m_i, l_i = attend(
         q,
-        q_pos,
+        q_pos - window,
+        q_hi,
         cache_ptr,
         bt_row_ptr,
         kvh.to(tl.int64) * stride_chead,
@@ -287,7 +299,6 @@ def _attend_rows_and_store(
         kv_full_hi,
         kv_hi,
         qk_scale,
-        window,
         softcap,
         SOFTCAP,
         BLOCK_M,
@@ -339,8 +350,10 @@ def paged_attention_kernel(
     window,  # the layer's sliding window (NO_WINDOW: none)
     softcap,  # the scores' cap in the log2 domain (SOFTCAP layers)
     sinks_ptr,  # [Hq] float32: each head's sink logit (SINKS layers)
+    limits_ptr,  # [T] int32: each query token's last visible key (LIMITS steps)
     SOFTCAP: tl.constexpr,
     SINKS: tl.constexpr,
+    LIMITS: tl.constexpr,  # key limits (an image attended both ways: Gemma 3)
     TOK: tl.constexpr,  # query tokens per program (= BLOCK_M // G_PAD)
     BLOCK_M: tl.constexpr,
     SMALL_M: tl.constexpr,  # rows of the decode-sized tile
@@ -379,22 +392,22 @@ def paged_attention_kernel(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                     stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
-                    softcap, sinks_ptr, SOFTCAP, SINKS, SMALL_M, G_PAD, BLOCK_N, HEAD_DIM, DIM,
-                    BLOCK_SIZE, DOT_PRECISION, DOT_F32, False,
+                    softcap, sinks_ptr, limits_ptr, SOFTCAP, SINKS, LIMITS, SMALL_M, G_PAD,
+                    BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32, False,
                 )  # fmt: skip
             else:
                 _attend_rows_and_store(
                     q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                     group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                     stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
-                    softcap, sinks_ptr, SOFTCAP, SINKS, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM,
-                    BLOCK_SIZE, DOT_PRECISION, DOT_F32, TWO_PHASE,
+                    softcap, sinks_ptr, limits_ptr, SOFTCAP, SINKS, LIMITS, BLOCK_M, G_PAD,
+                    BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32, TWO_PHASE,
                 )  # fmt: skip
         else:
             _attend_rows_and_store(
                 q_ptr, out_ptr, cache_ptr, bt_row, kvh, tok0, n_tok, pos0, seq_len,
                 group, stride_qt, stride_qh, stride_ot, stride_oh, stride_ckv,
                 stride_cblk, stride_ctok, stride_chead, qk_scale, v_scale, window,
-                softcap, sinks_ptr, SOFTCAP, SINKS, BLOCK_M, G_PAD, BLOCK_N, HEAD_DIM, DIM,
-                BLOCK_SIZE, DOT_PRECISION, DOT_F32, False,
+                softcap, sinks_ptr, limits_ptr, SOFTCAP, SINKS, LIMITS, BLOCK_M, G_PAD,
+                BLOCK_N, HEAD_DIM, DIM, BLOCK_SIZE, DOT_PRECISION, DOT_F32, False,
             )  # fmt: skip

@@ -165,6 +165,7 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window=True,
         softcap=True,
         sinks=True,
+        key_limits=True,
     )
     MIXED_GRAPH_WORK_Q = MAX_WORK_Q  # query tokens per work item in mixed-step graphs
 
@@ -436,8 +437,10 @@ class TritonAttentionBackend(AttentionBackend):
                 window,
                 softcap_log2 or 1.0,
                 sinks if sinks is not None else q,
+                meta.key_limits if meta.key_limits is not None else meta.seq_lens,
                 SOFTCAP=softcap_log2 is not None,
                 SINKS=sinks is not None,
+                LIMITS=meta.key_limits is not None,
                 TOK=tok,
                 BLOCK_M=block_m,
                 SMALL_M=small_m,

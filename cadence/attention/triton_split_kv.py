@@ -138,6 +138,7 @@ def split_kv_kernel(
         q_pos = tl.zeros([BLOCK_M], tl.int32) + (seq_len - 1)  # a decode sees everything
         acc, m_i, l_i = attend(
             q,
+            q_pos - window,
             q_pos,
             cache_ptr,
             block_tables_ptr + req.to(tl.int64) * stride_bt,
@@ -150,7 +151,6 @@ def split_kv_kernel(
             kv_lo,
             kv_hi,
             qk_scale,
-            window,
             softcap,
             SOFTCAP,
             BLOCK_M,

@@ -58,11 +58,17 @@ class Request:
         block_hasher: Callable[[Request], list[bytes]] | None = None,
         lora: LoRARequest | None = None,
         images: list[ImageInput] | None = None,
+        whole_images: bool = False,
     ) -> None:
         self.request_id = request_id
         self.lora = lora  # the adapter it runs with (None: the base model)
         # Its images, in prompt order: the prefix cache keys their spans by content hash.
         self.images: list[ImageInput] = images or []
+        # Prompt spans [start, end) a prefill chunk takes whole or not at all (images whose
+        # tokens attend to each other both ways, `whole_images`), in order.
+        self.whole_spans: list[tuple[int, int]] = (
+            [(image.offset, image.end) for image in self.images] if whole_images else []
+        )
         self.prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_ids = eos_token_ids
@@ -108,6 +114,19 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+    def fit_chunk(self, start: int, num_new: int, most: int) -> int:
+        """How many of `num_new` prompt tokens from position `start` to run, so that the
+        chunk does not end inside a whole span: cut back to the span's start, or for a
+        chunk that starts at or inside the span, carried on to its end where `most` tokens
+        allow it (else 0: not this step)."""
+        end = start + num_new
+        for lo, hi in self.whole_spans:
+            if lo < end < hi:
+                if lo > start:
+                    return lo - start
+                return hi - start if hi - start <= most else 0
+        return num_new
 
     def append_output_token(self, token_id: int, sampled: bool = True) -> None:
         self.output_token_ids.append(token_id)

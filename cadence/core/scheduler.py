@@ -147,8 +147,8 @@ class Scheduler:
             req = self.running[i]
             num_new = min(req.num_tokens + req.num_placeholders - req.num_computed_tokens, budget)
             prefilling = num_new > 1  # a prompt chunk (or a preempted request's recompute)
-            if prefilling:
-                num_new = min(num_new, prefill_left)
+            if prefilling:  # (a chunk never ends inside an image attended both ways)
+                num_new = req.fit_chunk(req.num_computed_tokens, min(num_new, prefill_left), budget)
             if num_new <= 0 or (req.num_placeholders and self._ends_with_placeholder(req)):
                 i += 1
                 continue
@@ -204,12 +204,14 @@ class Scheduler:
                         self.waiting.popleft()
                         self._count_lookup(req, num_hit_tokens)
                         continue
-            num_new = min(
-                req.num_tokens - req.num_computed_tokens - num_hit_tokens, budget, prefill_left
-            )
-            blocks = self.kv.allocate_slots(req, num_new, hits, self.num_lookahead_tokens)
+            start = req.num_computed_tokens + num_hit_tokens
+            num_new = min(req.num_tokens - start, budget, prefill_left)
+            num_new = req.fit_chunk(start, num_new, budget)
+            blocks = None
+            if num_new > 0:
+                blocks = self.kv.allocate_slots(req, num_new, hits, self.num_lookahead_tokens)
             if blocks is None:
-                break  # FCFS: nobody jumps the queue for lack of memory
+                break  # FCFS: nobody jumps the queue for lack of memory (or budget)
             prefill_left -= num_new
             self.waiting.popleft()
             if req.num_computed_tokens == 0:  # (else its prompt came from a remote prefill)

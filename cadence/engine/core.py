@@ -98,11 +98,14 @@ class EngineCore:
         self._hasher = self.kv.block_hasher
         self.eos_token_ids = self.runner.eos_token_ids
         self.vocab_size = self.runner.vocab_size
+        # An image attended both ways is prefilled in one step: it must fit one's budget.
+        self.whole_images = self.runner.whole_images
         self.checks = RequestChecks(
             self.max_model_len,
             self.vocab_size,
             prefill_addrs(config.kv_prefill_addrs),
             self.runner.image_token_id,
+            config.scheduler.max_num_batched_tokens if self.whole_images else None,
         )
         sc = config.structured
         self.grammars = GrammarManager(
@@ -164,6 +167,7 @@ class EngineCore:
             self._hasher,
             lora,
             images,
+            self.whole_images,
         )
         if params.structured_outputs is not None:
             if request_id in self.scheduler.requests or request_id in self.gate.awaiting:

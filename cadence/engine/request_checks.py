@@ -18,6 +18,7 @@ class RequestChecks:
     vocab_size: int
     prefill_addrs: frozenset[str] | None  # prefill engines a request may name (None: any)
     image_token_id: int | None = None  # a vision-language model's placeholder token
+    whole_image_tokens: int | None = None  # the most tokens an image prefilled whole may take
 
     def check(
         self,
@@ -43,5 +44,11 @@ class RequestChecks:
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
         check_images(images or [], prompt_token_ids, self.image_token_id)
+        for image in images or []:
+            if self.whole_image_tokens is not None and image.length > self.whole_image_tokens:
+                raise ValueError(
+                    f"an image of {image.length} tokens, which this model prefills in one "
+                    f"step: a step holds {self.whole_image_tokens} (--max-num-batched-tokens)"
+                )
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - n

@@ -78,6 +78,13 @@ class Executor(ABC):
         return self.driver.image_token_id
 
     @property
+    def whole_images(self) -> bool:
+        """Whether each image must be prefilled in one step (its tokens attend to each
+        other both ways: Gemma 3)."""
+        feeder = self.driver.images
+        return feeder is not None and feeder.bidirectional
+
+    @property
     def pixel_dtype(self) -> str:
         """The dtype an image's float tensors are sent in: the model's (the encoder casts
         them to it anyway; bf16 halves the bytes of float32)."""

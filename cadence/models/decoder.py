@@ -203,9 +203,11 @@ class DecoderForCausalLM(nn.Module):
         return options
 
     # A vision-language model's (models/vision_language.py): its image placeholder token,
-    # and whether its rotary positions are three-dimensional (M-RoPE); a text model's: none.
+    # whether its rotary positions are three-dimensional (M-RoPE) and whether an image's
+    # tokens attend to each other both ways (Gemma 3); a text model's: none.
     image_token_id: int | None = None
     uses_mrope = False
+    bidirectional_images = False
 
     # EAGLE-3 drafts from the residual stream entering a few layers (keep_aux_hidden).
     aux_layer_ids: tuple[int, ...] = ()

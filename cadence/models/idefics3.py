@@ -1,7 +1,7 @@
-"""Idefics3 and SmolVLM: a SigLIP vision tower (CLIP's layers without a class token, a
-final norm instead of a first one) over square tiles of an image, and a connector that
-folds each tile's scale x scale neighbouring patches into one token (pixel shuffle) and
-projects them into the language model (Llama: SmolLM2 under SmolVLM).
+"""Idefics3 and SmolVLM: a SigLIP vision tower (models/siglip.py) over square tiles of an
+image, and a connector that folds each tile's scale x scale neighbouring patches into one
+token (pixel shuffle) and projects them into the language model (Llama: SmolLM2 under
+SmolVLM).
 
 An image reaches the engine as its tiles, each an image of its own (the API side writes
 the tiles' placeholders apart, between row / column tags: cadence/multimodal/families.py):
@@ -14,46 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cadence.models.clip import CLIPEncoder
+from cadence.models.siglip import SiglipVisionTransformer
 from cadence.models.vision_language import VisionLanguageModel
 from cadence.multimodal.inputs import ImageInput
-
-
-class SiglipEmbeddings(nn.Module):
-    def __init__(self, config) -> None:
-        super().__init__()
-        patch = config.patch_size
-        self.patch_embedding = nn.Conv2d(
-            config.num_channels, config.hidden_size, patch, stride=patch
-        )
-        self.position_embedding = nn.Embedding(
-            (config.image_size // patch) ** 2, config.hidden_size
-        )
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype))
-        return x.flatten(2).transpose(1, 2) + self.position_embedding.weight
-
-
-class SiglipVisionTransformer(nn.Module):
-    """`num_layers` built (a model reading an earlier layer's output needs no more), and the
-    final norm only where the model reads the last layer's normed output."""
-
-    def __init__(self, config, num_layers: int | None = None, final_norm: bool = True) -> None:
-        super().__init__()
-        self.embeddings = SiglipEmbeddings(config)
-        self.encoder = CLIPEncoder(config, num_layers or config.num_hidden_layers)
-        self.post_layernorm = None
-        if final_norm:
-            self.post_layernorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        """[tiles, 3, S, S] -> [tiles, patches, hidden]: the built layers' output, normed
-        where the final norm was built."""
-        x = self.embeddings(pixels)
-        for layer in self.encoder.layers:
-            x = layer(x)
-        return x if self.post_layernorm is None else self.post_layernorm(x)
 
 
 class Connector(nn.Module):

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cadence.models.clip import CLIPVisionTransformer
-from cadence.models.idefics3 import SiglipVisionTransformer
 from cadence.models.llava import LlavaProjector
+from cadence.models.siglip import SiglipVisionTransformer
 from cadence.models.vision_language import VisionLanguageModel
 from cadence.multimodal.families import (
     anyres_layout,

@@ -14,6 +14,9 @@ of the engine sees the decoder it knows (layers, rotary tables, logits), with th
                                (M-RoPE, `uses_mrope`): ([3, n] positions of an n-token
                                prompt, the offset of every later token's position from its
                                index)
+    bidirectional_images       an image's tokens attend to each other both ways (Gemma 3):
+                               the engine prefills each image whole and hands the attention
+                               backend each token's last visible key
 
 The config it is built from is the language model's (loader/hf_config.py `language_view`),
 with the vision config and the whole config beside it (`vision_config`, `vision_language`).
@@ -47,6 +50,11 @@ class VisionLanguageModel(nn.Module):
 
     def __init__(self, config, backend, max_position: int) -> None:
         super().__init__(config, backend, max_position)
+        if self.bidirectional_images and not backend.capabilities.key_limits:
+            raise ValueError(
+                f"{type(self).__name__} attends an image's tokens both ways; the {backend.name} "
+                "attention backend cannot"
+            )
         self.image_token_id = int(config.image_token_id)
         self.build_vision(config)
 

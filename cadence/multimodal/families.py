@@ -11,13 +11,16 @@ image, and how many placeholder tokens each image takes.
     idefics3    pixel_values [images, tiles, 3, S, S] with rows / cols: an image is its
     smolvlm     rows x cols tiles and itself at tile size, each an image to the engine,
                 written between row / column tags (`render`)
+    gemma3      pixel_values [images, 3, S, S]: one row each, mm_tokens_per_image tokens
+                (the patch grid pooled), between begin- and end-image tags
     llava_onevision  pixel_values [images, tiles, 3, S, S] with image_sizes: an image
     llava_next  is its overview and its pinpoint's tiles (`anyres_layout`); OneVision's
                 among several its overview only; tokens as their processors count them
 
 The prompt names each image by the placeholder once (as the model's chat template writes
-it); `Family.expand` gives what replaces it (the placeholder repeated to the image's token
-count, as the model's own processor does) and the images the engine encodes.
+it); `Family.expand` gives what replaces it (the placeholder, or the family's image token,
+repeated to the image's token count, as the model's own processor does) and the images the
+engine encodes.
 A family the engine runs (cadence/models/architectures.py) and this table must agree:
 tests/multimodal/test_families.py checks every vision-language architecture is here.
 """
@@ -46,6 +49,11 @@ class Family:
     render: Callable[[Tensors, object, Family, int], tuple[str, list[Tensors]]] | None = None
     processor_kwargs: dict | None = None  # what the image processor is called with besides
     nested: bool = False  # the image processor takes [[image], [image], ...] (a sample each)
+    image_token: str | None = None  # the token an image's span repeats (None: the placeholder)
+
+    @property
+    def span_token(self) -> str:
+        return self.image_token or self.placeholder
 
     def expand(self, tensors: Tensors, config, prompt_images: int) -> tuple[str, list[Tensors]]:
         if self.render is not None:
@@ -197,6 +205,19 @@ def _render_onevision(
     return family.placeholder * onevision_tokens(image, config), [image]
 
 
+def _gemma3_tokens(tensors: Tensors, config) -> int:
+    return int(getattr(config, "mm_tokens_per_image", 256))
+
+
+def _render_gemma3(
+    tensors: Tensors, config, family: Family, prompt_images: int
+) -> tuple[str, list[Tensors]]:
+    """Gemma 3's: the soft tokens between the begin-image tag (the placeholder, kept) and
+    the end-image tag, a blank line on either side."""
+    run = family.span_token * _gemma3_tokens(tensors, config)
+    return f"\n\n{family.placeholder}{run}<end_of_image>\n\n", [tensors]
+
+
 _ANYRES = Family("<image>", _onevision_split, onevision_tokens, _render_onevision, None, True)
 _IDEFICS3 = Family(
     "<image>", _tiles_split, _tile_tokens, _render_tiles, {"return_row_col_info": True}, True
@@ -209,6 +230,15 @@ FAMILIES: dict[str, Family] = {
     "smolvlm": _IDEFICS3,
     "llava_onevision": _ANYRES,
     "llava_next": _ANYRES,
+    # Pan-and-scan crops (an option of Gemma 3's processor, off by default) are not taken.
+    "gemma3": Family(
+        "<start_of_image>",
+        _rows,
+        _gemma3_tokens,
+        _render_gemma3,
+        {"do_pan_and_scan": False},
+        image_token="<image_soft_token>",
+    ),
 }
 
 

@@ -46,10 +46,10 @@ class ImagePrompts:
         # A tokenizer of its own: one is not safe to share between threads (one call at a
         # time here, under the lock).
         self.tokenizer = load_tokenizer(model_path)
-        if self.tokenizer.convert_tokens_to_ids(self.placeholder) != token_id:
+        if self.tokenizer.convert_tokens_to_ids(family.span_token) != token_id:
             raise ValueError(
-                f"the tokenizer does not map the placeholder {self.placeholder!r} to the "
-                f"config's image token {token_id}"
+                f"the tokenizer does not map the image token {family.span_token!r} to the "
+                f"config's image token id {token_id}"
             )
         self._lock = threading.Lock()
 

@@ -34,6 +34,9 @@ class StepLayout:
     slots: np.ndarray  # [T] flat cache slots
     # [T] per KV group after the first, its slots (its tables, the same positions)
     group_slots: list[np.ndarray] = field(default_factory=list)
+    # [T] the last key position each token sees, where some see past themselves (images
+    # attended both ways: worker/image_feeder.py); None: causal
+    key_limits: np.ndarray | None = None
 
     @property
     def seq_lens(self) -> np.ndarray:
@@ -101,6 +104,10 @@ def eager_inputs(
         seq_lens_cpu=seq_lens.tolist(),
         block_size=block_size,
     )
+    if lay.key_limits is not None:
+        limits = torch.from_numpy(lay.key_limits)
+        meta.key_limits_cpu = limits
+        meta.key_limits = limits.to(device, torch.int32, non_blocking=True)
     meta = backend.build(meta)
     if group_tables:  # (every group's rows hold as many entries: one width)
         meta.groups = [meta] + [

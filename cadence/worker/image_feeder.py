@@ -13,6 +13,10 @@ may start inside them: an image is encoded whole and its features kept by conten
 (LRU, up to `cache_tokens` rows), so each step takes the slice it runs and the next chunk,
 a preempted request's recompute or another request with the same image reuses them.
 
+An image its model attends both ways (Gemma 3, `bidirectional_images`): its tokens in
+the step see keys up to its last token, which the scheduler put in the same step
+(core/request.py `fit_chunk`); `take` writes those limits into the layout (`key_limits`).
+
 M-RoPE (models/qwen2_vl.py): a request's text positions are shifted from its token indices
 after an image; `take` writes the shifted positions into the step's layout (a one-stream
 position, which graphs replay as any), and for a step that runs image tokens builds the
@@ -41,6 +45,8 @@ class ImageFeeder:
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()  # hash -> [rows, hidden]
         self.cached_rows = 0
         self.mrope = model.uses_mrope
+        self.bidirectional = model.bidirectional_images
+        self._limits: list[tuple[int, int, int]] = []  # rows [a, b) see keys up to position c
         self._planned: list[tuple[ImageInput, int, int, int]] = []  # image, lo, hi, row
         self._shifted: list[tuple[int, int, int, tuple]] = []  # row, start, end, mrope
         self.num_encoded = 0  # images run through the encoder (cache misses), since start
@@ -57,12 +63,19 @@ class ImageFeeder:
                 self._planned.append(
                     (image, lo - image.offset, hi - image.offset, first_row + lo - start)
                 )
+                if self.bidirectional:  # (the scheduler ran the rest of the image with them)
+                    self._limits.append((first_row + lo - start, first_row + hi - start, hi - 1))
         if self.mrope:
             if state.mrope is None:
                 state.mrope = self.model.mrope_positions(state.num_prompt_tokens, state.images)
             self._shifted.append((first_row, start, end, state.mrope))
 
     def take(self, layout: StepLayout) -> ImageRows | None:
+        if self._limits:  # (layout.positions are still the tokens' indices here)
+            limits = layout.positions.copy()
+            for a, b, last in self._limits:
+                limits[a:b] = last
+            layout.key_limits, self._limits = limits, []
         three = self._positions(layout) if self._shifted else None
         self.last = (0, 0, 0.0)
         if not self._planned:

@@ -9,6 +9,8 @@ synthetic steps reach them all:
 
     prefill      one request, a chunk of several work items      kernel B, prefill tile
     mixed        a prefill chunk after a cached prefix, a decode  kernel B, both tiles
+                 (again with key limits for a model that attends
+                 an image's tokens both ways)
     decode       1 and DECODE_LARGE_BATCH one-token requests      kernel B, decode settings;
                                                                   batch-1 fused GEMVs
     split        one decode over a context of split_min_context  kernel C and its reduce
@@ -101,9 +103,12 @@ def warm_up(runner: RunnerParts) -> float:
     split_min = getattr(backend, "split_min_context", max_context + 1)
     steps = warm_up_steps(sc.max_num_seqs, sc.max_num_batched_tokens, max_context, split_min)
 
-    def run(reqs: list[tuple[int, int]]) -> torch.Tensor | None:
+    def run(reqs: list[tuple[int, int]], limits: bool = False) -> torch.Tensor | None:
         with torch.inference_mode():  # (thread-local)
             positions, meta = _step_meta(runner, reqs, table)
+            if limits:  # (each token's own position: the variant, not the semantics)
+                meta.key_limits_cpu = positions.cpu()
+                meta.key_limits = positions.to(torch.int32)
             meta = backend.build(meta)
             if reqs == [(1, split_min)] and not meta.backend_data.split_req.numel():
                 # The rule did not split here (a GPU this batch fills): graphs may still.
@@ -115,6 +120,8 @@ def warm_up(runner: RunnerParts) -> float:
 
     hidden = run(steps[0])
     run(steps[1])
+    if runner.model.bidirectional_images:  # steps with image tokens (Gemma 3)
+        run(steps[1], limits=True)
     if runner.device.type == "cuda" and get_tp().size == 1:
         # (Not with tensor parallelism: each rank must issue its collectives in one order.)
         with ThreadPoolExecutor(max_workers=len(steps) - 2) as pool:

@@ -1,7 +1,8 @@
 """The torch reference backend: short queries (decodes and speculative verifies, batched
 into one padded call) and long prefill chunks (one call each) both equal plain causal
 attention over each request's cached prefix and query, with grouped KV heads, a sliding
-window, soft-capped scores and attention sinks; so does the CPU backend's paged kernel."""
+window, soft-capped scores, attention sinks and key limits (queries that see later keys);
+so does the CPU backend's paged kernel (or its fallback)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,17 @@ BS, HQ, HKV, D = 4, 4, 2, 8
 SHAPES = [(BS, D), (16, 64), (16, 128)]
 
 
-def reference(q, keys, values, ctx, window=None, softcap=None, sinks=None):
+def reference(q, keys, values, ctx, window=None, softcap=None, sinks=None, limits=None):
     """Causal attention of q [n, Hq, D] at positions ctx.. over keys [ctx + n, Hkv, D]; a
-    query at p sees keys j with p - window < j <= p; scores capped at softcap * tanh; head
-    h's softmax sum gains e^sinks[h] (a logit whose value is zero)."""
+    query at p sees keys j with p - window < j <= p (or <= limits[i], query i's last key);
+    scores capped at softcap * tanh; head h's softmax sum gains e^sinks[h] (a logit whose
+    value is zero)."""
     k = keys.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
     v = values.repeat_interleave(HQ // HKV, dim=1).transpose(0, 1)
     n, total = q.shape[0], keys.shape[0]
     qpos = (ctx + torch.arange(n))[:, None]
-    mask = torch.arange(total)[None, :] <= qpos
+    last = qpos if limits is None else limits[:, None]
+    mask = torch.arange(total)[None, :] <= last
     if window is not None:
         mask &= torch.arange(total)[None, :] > qpos - window
     scores = (q.transpose(0, 1) @ k.transpose(1, 2)) * q.shape[-1] ** -0.5
@@ -55,12 +58,20 @@ def _backend(name: str):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(("block_size", "head_dim"), SHAPES, ids=str)
 @pytest.mark.parametrize(
-    ("window", "softcap", "with_sinks"),
-    [(None, None, False), (5, None, False), (None, 0.5, False), (6, 0.5, False), (5, None, True)],
+    ("window", "softcap", "with_sinks", "with_limits"),
+    [
+        (None, None, False, False),
+        (5, None, False, False),
+        (None, 0.5, False, False),
+        (6, 0.5, False, False),
+        (5, None, True, False),
+        (None, None, False, True),
+        (5, 0.5, False, True),
+    ],
     ids=str,
 )
 def test_short_and_long_queries_equal_plain_attention(
-    backend_name, dtype, block_size, head_dim, window, softcap, with_sinks
+    backend_name, dtype, block_size, head_dim, window, softcap, with_sinks, with_limits
 ):
     BS, D = block_size, head_dim  # noqa: N806 (the module's names, for this shape)
     g = torch.Generator().manual_seed(0)
@@ -102,6 +113,16 @@ def test_short_and_long_queries_equal_plain_attention(
         seq_lens_cpu=seq_lens,
         block_size=BS,
     )
+    # Key limits: spans of positions that see each other both ways (an image of Gemma 3's),
+    # in short and long queries, one begun in the cached prefix; the others causal.
+    positions = torch.cat([torch.arange(c, c + n) for c, n in zip(ctxs, qlens)])
+    limits = positions.clone()
+    if with_limits:
+        starts = torch.tensor([0, *qlens]).cumsum(0)
+        for req, lo, hi in [(1, 0, 3), (2, 14, 22), (3, 1, 12), (4, 71, 75)]:
+            rows = starts[req] + torch.arange(max(lo, ctxs[req]), hi) - ctxs[req]
+            limits[rows] = hi - 1
+        meta.key_limits_cpu, meta.key_limits = limits, limits.int()
     backend = _backend(backend_name)
     cache, q, k, v = cache.to(dtype), q.to(dtype), k.to(dtype), v.to(dtype)
     meta = backend.build(meta)
@@ -113,6 +134,15 @@ def test_short_and_long_queries_equal_plain_attention(
     start = 0
     for (keys, values), qlen, ctx in zip(kv_per_req, qlens, ctxs):
         keys, values = keys.to(dtype).float(), values.to(dtype).float()
-        want = reference(q[start : start + qlen].float(), keys, values, ctx, window, softcap, sinks)
+        want = reference(
+            q[start : start + qlen].float(),
+            keys,
+            values,
+            ctx,
+            window,
+            softcap,
+            sinks,
+            limits[start : start + qlen],
+        )
         torch.testing.assert_close(out[start : start + qlen].float(), want, rtol=tol, atol=tol)
         start += qlen

@@ -53,6 +53,9 @@ class Case:
     window: int | None = None  # a sliding-window layer's W
     softcap: float | None = None  # Gemma 2's score cap
     sinks: bool = False  # GPT-OSS's sink logit per head (random, seeded)
+    # (request, lo, hi): positions [lo, hi) of a request see each other both ways (an image
+    # of Gemma 3's): the step's key limits
+    spans: tuple[tuple[int, int, int], ...] = ()
 
 
 def _random_mixed(seed: int, num_reqs: int, max_ctx: int, **kw) -> Case:
@@ -117,6 +120,13 @@ CPU_CASES = [
     Case("head_dim_96_rotary", (1, 21, 1), (80, 50, 33), 6, 2, 96, rotary=True),
     Case("head_dim_80_split_bf16", (1, 1), (333, 90), 4, 1, 80, dtype="bfloat16",
          split_kv=True),
+    # Key limits: a span inside a chunk, one begun in the cached prefix, one across a
+    # long chunk's work items, one under a window shorter than itself.
+    Case("limits_mixed_g2", (1, 40, 1, 20), (300, 60, 90, 20), spans=((1, 25, 45), (3, 3, 15))),
+    Case("limits_from_cache_g4", (1, 12, 1), (90, 30, 140), 4, 1, spans=((1, 10, 26),)),
+    Case("limits_long_chunk", (130, 1), (200, 50), spans=((0, 100, 190),)),
+    Case("limits_window_bf16", (1, 30, 1), (50, 40, 30), 4, 1, 128, dtype="bfloat16",
+         window=8, spans=((1, 12, 30),)),
 ]  # fmt: skip
 
 
@@ -156,8 +166,15 @@ def _make_batch(case: Case, device: str | torch.device):
     qsl = torch.zeros(len(case.query_lens) + 1, dtype=torch.int64)
     qsl[1:] = torch.cumsum(torch.tensor(case.query_lens), 0)
 
+    positions = torch.cat([torch.arange(s - q, s) for q, s in zip(case.query_lens, case.seq_lens)])
+    limits = positions.clone()
+    for req, lo, hi in case.spans:
+        ctx = case.seq_lens[req] - case.query_lens[req]
+        rows = int(qsl[req]) + torch.arange(max(lo, ctx), hi) - ctx
+        limits[rows] = hi - 1
+
     def meta() -> AttentionMetadata:
-        return AttentionMetadata(
+        m = AttentionMetadata(
             num_tokens=t,
             query_start_loc=qsl.to(device),
             seq_lens=torch.tensor(case.seq_lens, dtype=torch.int64, device=device),
@@ -167,6 +184,9 @@ def _make_batch(case: Case, device: str | torch.device):
             seq_lens_cpu=list(case.seq_lens),
             block_size=bs,
         )
+        if case.spans:
+            m.key_limits_cpu, m.key_limits = limits, limits.to(device, torch.int32)
+        return m
 
     return q.to(device), k.to(device), v.to(device), cache.to(device), meta
 
@@ -401,6 +421,10 @@ GPU_CASES = [
          split_kv=True, split_min_partition=256),
     Case("gptoss_graph_split_sinks_window", (1, 1), (900, 3), 64, 8, 64, dtype="bfloat16",
          window=128, sinks=True, split_kv=True, graph_plan=True),
+    # Gemma 3 with images (8 query heads over 4 of 256; 256-token images attended both
+    # ways): two images in a 2k prompt chunk, one begun in a cached prefix, a window.
+    Case("gemma3_images_mixed", (1, 2000, 1, 300), (900, 2000, 40, 400), 8, 4, 256,
+         dtype="bfloat16", window=1024, spans=((1, 300, 556), (1, 1200, 1456), (3, 20, 276))),
 ]  # fmt: skip
 
 

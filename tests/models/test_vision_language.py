@@ -1,5 +1,5 @@
 """Each vision-language family (LLaVA, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL, Qwen2.5-VL,
-Idefics3: SmolVLM's layout and classes), built tiny by transformers with its image
+Idefics3: SmolVLM's layout and classes, Gemma 3: images attended both ways), built tiny by transformers with its image
 processor: greedy tokens equal transformers' in float32 with one image, two (apart and
 adjacent), images of other sizes (other token counts: Qwen's M-RoPE positions and windows,
 Idefics3's tile grids, the anyres LLaVAs' kept grids, shrunk ones, OneVision's overviews
@@ -32,7 +32,7 @@ CASES = [
     ("no image at all, a longer text prompt", []),
     ("a wide one <image>", [(300, 17, 6)]),
 ]
-KINDS = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3"]
+KINDS = ["llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl", "idefics3", "gemma3"]
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -75,13 +75,15 @@ def test_greedy_equals_transformers_chunked_preempted_and_cached(vlm, prefix_cac
     expected = _expected(vlm)
     # A 16-token budget splits the images' placeholders across steps beside decodes; a
     # pool that holds the longest request alone, but not all five at full length, preempts.
+    # (Gemma 3's pool is shared by two KV groups: its sliding layers' and the others'.)
     longest = max(len(ids) for ids, _ in expected) + NEW_TOKENS
+    groups = 2 if kind == "gemma3" else 1
     llm = LLM(
         path,
         dtype="float32",
         block_size=4,
         max_num_batched_tokens=16,
-        num_gpu_blocks_override=-(-longest // 4) + 2,
+        num_gpu_blocks_override=(-(-longest // 4) + 2) * groups,
         prefix_cache=prefix_cache,
         check_kv_integrity=True,
     )
@@ -190,3 +192,16 @@ def test_a_bf16_engine_gets_bf16_pixels_and_the_same_tokens(tiny_vision_model_di
     llm.engine.runner.driver.images.cache.clear()
     llm.engine.runner.driver.images.cached_rows = 0
     assert llm.generate(request, PARAMS, use_tqdm=False)[0].outputs[0].token_ids == halves
+
+
+def test_an_image_attended_both_ways_must_fit_one_step(tiny_vision_model_dir):
+    """Gemma 3 prefills each image (9 tokens here) in one step: a budget of 8 refuses it
+    clearly rather than splitting it or waiting for ever."""
+    llm = LLM(tiny_vision_model_dir("gemma3"), dtype="float32", max_num_batched_tokens=8)
+    request = {
+        "prompt": _prompt("gemma3", "what is <image>?"),
+        "multi_modal_data": {"image": random_image(30, 30, 14)},
+    }
+    with pytest.raises(ValueError, match="an image of 9 tokens, which this model prefills in one"):
+        llm.generate(request, PARAMS)
+    assert not llm.engine.scheduler.requests
