@@ -119,7 +119,9 @@ class Request:
         """How many of `num_new` prompt tokens from position `start` to run, so that the
         chunk does not end inside a whole span: cut back to the span's start, or for a
         chunk that starts at or inside the span, carried on to its end where `most` tokens
-        allow it (else 0: not this step)."""
+        allow it (else 0: not this step). Nothing to run (num_new <= 0) stays nothing."""
+        if num_new <= 0:
+            return num_new
         end = start + num_new
         for lo, hi in self.whole_spans:
             if lo < end < hi:

@@ -44,6 +44,8 @@ def test_fit_chunk_cuts_before_a_span_or_carries_through_it():
     assert req.fit_chunk(9, 2, 100) == 5  # starts inside (a prefix-cache hit): to its end
     assert req.fit_chunk(14, 8, 100) == 6  # the second, from text before it
     assert req.fit_chunk(26, 4, 100) == 4  # past the images: as asked
+    assert req.fit_chunk(9, 0, 100) == 0  # no prompt budget left: nothing, even inside
+    assert req.fit_chunk(9, -2, 100) <= 0  # (a budget an earlier image overdrew)
     plain = Request("b", [1] * 30, SamplingParams(max_tokens=3), images=[], whole_images=True)
     assert plain.fit_chunk(0, 8, 100) == 8
     causal = image_request("c", 30, [])
@@ -65,6 +67,24 @@ def test_no_chunk_ends_inside_an_image_and_outputs_do_not_change():
         assert not any(lo < end < hi for end in ends), ends
     assert ends[:5] == [3, 11, 19, 27, 30]  # (8 a step; the first stops before the image it cut)
     assert req.output_token_ids == expected_output(req)
+    check_all_free(sched)
+
+
+def test_an_image_carried_past_the_prefill_bound_leaves_none_for_the_next():
+    """With --max-prefill-tokens-while-decoding 4, an image of 6 tokens still runs whole
+    (an image may overdraw the bound), and the next prompt waits for the next step."""
+    sched = make_scheduler(budget=16, prefill_cap=4)
+    (decoder,) = make_requests(1, prompt_len=1, max_tokens=8, id_prefix="d")
+    sched.add_request(decoder)
+    step(sched)  # it decodes from now on: the bound applies
+    a = image_request("a", 8, [(0, 6)], max_tokens=1)
+    b = image_request("b", 8, [(0, 6)], max_tokens=1)
+    sched.add_request(a)
+    sched.add_request(b)
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens.get("a") == 6 and "b" not in out.num_scheduled_tokens
+    run_to_completion(sched)
+    assert a.output_token_ids == expected_output(a) and b.output_token_ids == expected_output(b)
     check_all_free(sched)
 
 
