@@ -5,8 +5,9 @@ weights), offline in one process:
     (EOS ignored): requests/s, output tok/s, TTFT p50/p90, per-request decode tok/s; the
     same 64 prompts without their images beside it (what the images cost);
   - one request alone: TTFT and decode tok/s;
-  - the vision encoder alone: ms per image at 1 and 64 images a call, and its TFLOP/s
-    against the FLOPs an image takes (2 x its multiply-adds);
+  - the vision encoder alone: ms per image at 1 and 64 images a call, and at 1 in its
+    CUDA graph (worker/encoder_graphs.py), and its TFLOP/s against the FLOPs an image
+    takes (2 x its multiply-adds); batch 1 again with the encoder eager;
   - the API side's image preprocessing (the HF image processor, CPU): ms per image.
 
 The model folder is made here: the config, SmolLM2's tokenizer with the four Qwen vision
@@ -96,15 +97,17 @@ def run(llm, requests, params) -> dict:
     }
 
 
-def encoder_ms(model, inputs, iters: int = 3) -> float:
+def encoder_ms(encode, inputs, iters: int = 3) -> float:
+    """ms an image of `encode(inputs)` (the model's eager encode_images, or the encoder
+    graphs' encode)."""
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    model.encode_images(inputs)  # warm
+    encode(inputs)  # warm (a graph's capture)
     sync()
     t0 = time.perf_counter()
     for _ in range(iters):
-        model.encode_images(inputs)
+        encode(inputs)
     sync()
     return 1e3 * (time.perf_counter() - t0) / iters / len(inputs)
 
@@ -186,6 +189,7 @@ def main() -> None:
         ]
 
     run(llm, requests(4, 0), params)  # warm-up: kernels, graphs' first replays
+    run(llm, requests(1, 5), params)  # (and the encoder graph's capture: one image alone)
     pics = images(args.batch, args.image_size, 1)
     t0 = time.perf_counter()
     processed = [llm.images.read(text.format(IMAGE), [pic]) for pic in pics]
@@ -198,15 +202,24 @@ def main() -> None:
         f"batch{args.batch}_text_only": run(llm, requests(args.batch, 3, False), params),
         "batch1": [run(llm, requests(1, 10 + i), params) for i in range(3)],
     }
+    # The same without the encoder's CUDA graph (one image a request: the graph's case).
+    feeder = llm.engine.runner.driver.images
+    graphs, feeder.graphs = feeder.graphs, None
+    result["batch1_encoder_eager"] = [run(llm, requests(1, 20 + i), params) for i in range(3)]
+    feeder.graphs = graphs
     model = llm.engine.runner.driver.model
     inputs = [images_[0] for _, images_ in processed]
     vc = llm.engine.runner.driver.hf_config.vision_config
     grid = inputs[0].tensors["image_grid_thw"].to_torch()[0].tolist()
     flops = encoder_flops(vc, grid[0] * grid[1] * grid[2])
     for n in (1, args.batch):
-        ms = encoder_ms(model, inputs[:n])
+        ms = encoder_ms(model.encode_images, inputs[:n])
         result[f"encoder_ms_per_image_at_{n}"] = ms
         result[f"encoder_tflops_at_{n}"] = flops / (ms * 1e-3) / 1e12
+    if graphs is not None:
+        ms = encoder_ms(graphs.encode, inputs[:1], iters=10)
+        result["encoder_ms_per_image_at_1_graph"] = ms
+        result["encoder_tflops_at_1_graph"] = flops / (ms * 1e-3) / 1e12
     result["encoder_gflop_per_image"] = flops / 1e9
     print(json.dumps(result, indent=1))
     if args.json:

@@ -2,7 +2,9 @@
 # Issue 34's H200 run, Qwen2.5-VL-7B's shape with dummy bf16 weights (carry .whl and
 # .gpu-smoke: SmolLM2's tokenizer, from benchmarks/device_wheels.sh):
 #   1. offline (benchmarks/vision_h200.py): 64 requests of one 448x448 image + 64 text
-#      tokens -> 128, batch 1, the encoder alone, the API side's preprocessing;
+#      tokens -> 128, batch 1 (with the encoder in its CUDA graph and without), the
+#      encoder alone, the API side's preprocessing; (graph-tests: the encoder's graphs
+#      against eager encodes)
 #   2. served: `cadence serve` and `cadence bench serve --endpoint chat` over JSONL chats
 #      with PNG data: URLs, 64 concurrent and 1 at a time (distinct images throughout); the
 #      vocabulary cut to the tokenizer's 49,216 (see below).
@@ -23,6 +25,11 @@ if has tests; then  # the families against transformers on CUDA: graphs replay M
     tests/models/test_vision_language.py tests/security/test_image_inputs.py tests/multimodal \
     -p no:cacheprovider > "$OUT/tests.log" 2>&1
   tail -3 "$OUT/tests.log"
+fi
+if has graph-tests; then  # the encoder's CUDA graphs: replays against eager encodes
+  CADENCE_TEST_TOKENIZER=$TOK PYTHONPATH=$PYTHONPATH:$PWD/tests python3 -m pytest -q \
+    tests/worker/test_encoder_graphs.py -p no:cacheprovider > "$OUT/graph_tests.log" 2>&1
+  tail -3 "$OUT/graph_tests.log"
 fi
 if has offline; then
   python3 benchmarks/vision_h200.py --tokenizer $TOK --json "$OUT/offline.json" > "$OUT/offline.log" 2>&1

@@ -72,3 +72,12 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
         like = self.multi_modal_projector.mm_input_projection_weight
         pixels = torch.cat([self.device_tensor(image, "pixel_values", like) for image in images])
         return list(self.multi_modal_projector(self.vision_tower(pixels)).unbind(0))
+
+    def graph_input(self, images: list[ImageInput]):
+        like = self.multi_modal_projector.mm_input_projection_weight
+        if len(images) != 1:
+            return None
+        return "image", self.device_tensor(images[0], "pixel_values", like)  # (one size)
+
+    def graph_body(self, key):
+        return lambda pixels: self.multi_modal_projector(self.vision_tower(pixels))[0]

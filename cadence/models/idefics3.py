@@ -62,6 +62,15 @@ class Idefics3ForConditionalGeneration(VisionLanguageModel):
         pixels = torch.cat([self.device_tensor(image, "pixel_values", like) for image in images])
         return list(self.connector(self.vision_model(pixels)).unbind(0))
 
+    def graph_input(self, images: list[ImageInput]):
+        like = self.connector.modality_projection.proj.weight
+        if len(images) != 1:
+            return None
+        return "tile", self.device_tensor(images[0], "pixel_values", like)  # (one size)
+
+    def graph_body(self, key):
+        return lambda pixels: self.connector(self.vision_model(pixels))[0]
+
 
 class SmolVLMForConditionalGeneration(Idefics3ForConditionalGeneration):
     pass

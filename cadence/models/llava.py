@@ -63,8 +63,21 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
     def encode(self, images: list[ImageInput]) -> list[torch.Tensor]:
         like = self.multi_modal_projector.linear_1.weight
         pixels = torch.cat([self.device_tensor(image, "pixel_values", like) for image in images])
+        return list(self.encode_pixels(pixels).unbind(0))
+
+    def encode_pixels(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[images, 3, S, S] -> [images, tokens, hidden]."""
         states = self.vision_tower.hidden_states(pixels, self.feature_layers)
         features = torch.cat(states, dim=-1)
         if not self.keep_class_token:
             features = features[:, 1:]
-        return list(self.multi_modal_projector(features).unbind(0))
+        return self.multi_modal_projector(features)
+
+    def graph_input(self, images: list[ImageInput]):
+        like = self.multi_modal_projector.linear_1.weight
+        if len(images) != 1:
+            return None
+        return "image", self.device_tensor(images[0], "pixel_values", like)  # (one size)
+
+    def graph_body(self, key):
+        return lambda pixels: self.encode_pixels(pixels)[0]

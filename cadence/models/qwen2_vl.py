@@ -15,13 +15,15 @@ row, the last by column.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 from torch import nn
 
 from cadence.layers.norm import RMSNorm
 from cadence.layers.rotary import RotaryEmbedding
-from cadence.models.vision_attention import segment_attention
+from cadence.models.vision_attention import SegmentPlan, segment_attention, segment_plan
 from cadence.models.vision_language import VisionLanguageModel
 from cadence.models.vision_layers import StackedLinear, activation
 from cadence.multimodal.inputs import ImageInput
@@ -110,11 +112,11 @@ class VisionAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x, cos, sin, lengths: list[int]) -> torch.Tensor:
+    def forward(self, x, cos, sin, plan: SegmentPlan) -> torch.Tensor:
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, -1).unbind(1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        return self.proj(segment_attention(q, k, v, lengths).reshape(n, -1))
+        return self.proj(segment_attention(q, k, v, plan).reshape(n, -1))
 
 
 class VisionMLP(nn.Module):
@@ -148,8 +150,8 @@ class VisionBlock(nn.Module):
         hidden = vc.intermediate_size if gated else int(dim * vc.mlp_ratio)
         self.mlp = VisionMLP(dim, hidden, vc.hidden_act, gated)
 
-    def forward(self, x, cos, sin, lengths) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, lengths)
+    def forward(self, x, cos, sin, plan: SegmentPlan) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, plan)
         return x + self.mlp(self.norm2(x))
 
 
@@ -185,6 +187,18 @@ def window_order(
     return torch.cat(order), lengths
 
 
+class VisionPlan(NamedTuple):
+    """A batch of images' rotary tables, attention segments and window order (Qwen2.5-VL;
+    None for Qwen2-VL), on the device."""
+
+    cos: torch.Tensor  # [patches, head_dim], in window order where windowed
+    sin: torch.Tensor
+    frames: SegmentPlan  # each frame's patches (the full-attention layers)
+    windows: SegmentPlan  # each window's (the others; Qwen2-VL: the frames')
+    order: torch.Tensor | None = None  # merged tokens in window order
+    unorder: torch.Tensor | None = None  # its inverse
+
+
 class QwenVisionTransformer(nn.Module):
     """`windowed`: Qwen2.5-VL (RMS norms, gated MLPs, windows but in the full-attention
     layers); else Qwen2-VL."""
@@ -210,28 +224,43 @@ class QwenVisionTransformer(nn.Module):
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
         """[patches, C*T*P*P] of the images in turn -> [patches / merge^2, out] tokens."""
+        return self.run(pixels, self.stage(grids, pixels.device))
+
+    def stage(self, grids: list[tuple[int, int, int]], device: torch.device) -> VisionPlan:
+        """What the images' grids alone decide, as device tensors: built once for a
+        captured encoder (run() then takes no host data)."""
+        cos, sin = vision_rotary(grids, self.merge, self.inv_freq)
+        frames = segment_plan([h * w for t, h, w in grids for _ in range(t)], device)
+        if not self.windowed:
+            return VisionPlan(cos, sin, frames, frames)
+        order, windows = window_order(grids, self.merge, self.window)
+        order = order.to(device)
+        unit = self.merge * self.merge
+
+        def by_window(t: torch.Tensor) -> torch.Tensor:
+            return t.view(-1, unit, t.shape[-1])[order].view(-1, t.shape[-1])
+
+        return VisionPlan(
+            by_window(cos),
+            by_window(sin),
+            frames,
+            segment_plan(windows, device),
+            order,
+            torch.argsort(order),
+        )
+
+    def run(self, pixels: torch.Tensor, plan: VisionPlan) -> torch.Tensor:
         weight = self.patch_embed.proj.weight
         x = self.patch_embed.proj(pixels.view(-1, *self.patch_shape).to(weight.dtype))
         x = x.view(pixels.shape[0], -1)
-        cos, sin = vision_rotary(grids, self.merge, self.inv_freq)
-        frames = [h * w for t, h, w in grids for _ in range(t)]
-        order = windows = None
-        if self.windowed:
-            order, windows = window_order(grids, self.merge, self.window)
+        if plan.order is not None:  # each window's patches consecutive
             unit = self.merge * self.merge
-            order = order.to(x.device)
-
-            def by_window(t: torch.Tensor) -> torch.Tensor:
-                return t.view(-1, unit, t.shape[-1])[order].view(-1, t.shape[-1])
-
-            x, cos, sin = by_window(x), by_window(cos), by_window(sin)
+            x = x.view(-1, unit, x.shape[-1])[plan.order].view(-1, x.shape[-1])
         for i, block in enumerate(self.blocks):
             full = not self.windowed or i in self.full_layers
-            x = block(x, cos, sin, frames if full else windows)
+            x = block(x, plan.cos, plan.sin, plan.frames if full else plan.windows)
         x = self.merger(x)
-        if order is not None:
-            x = x[torch.argsort(order)]
-        return x
+        return x if plan.order is None else x[plan.unorder]
 
 
 class Qwen2VLForConditionalGeneration(VisionLanguageModel):
@@ -274,6 +303,18 @@ class Qwen2VLForConditionalGeneration(VisionLanguageModel):
         ]
         tokens = self.visual(pixels, grids)
         return list(tokens.split([image.length for image in images]))
+
+    def graph_input(self, images: list[ImageInput]):
+        if len(images) != 1:
+            return None
+        grid = tuple(int(v) for v in images[0].tensors["image_grid_thw"].to_torch()[0])
+        return grid, self.device_tensor(
+            images[0], "pixel_values", self.visual.patch_embed.proj.weight
+        )
+
+    def graph_body(self, key):
+        plan = self.visual.stage([key], self.visual.inv_freq.device)
+        return lambda pixels: self.visual.run(pixels, plan)
 
     def mrope_positions(self, prompt_len: int, images: list[ImageInput]) -> tuple[np.ndarray, int]:
         return mrope_positions(prompt_len, images, self.merge)

@@ -10,6 +10,8 @@ of the engine sees the decoder it knows (layers, rotary tables, logits), with th
     image_token_id             the placeholder token (the config's)
     check_images(images)       ValueError for images this encoder cannot take (at admission)
     encode_images(images)      one [placeholder tokens, hidden] tensor per image, batched
+    graph_input / graph_body   one image's encoding in a CUDA graph, where the family has
+                               it (worker/encoder_graphs.py); else eager
     mrope_positions(n, images) a family whose rotary positions are three-dimensional
                                (M-RoPE, `uses_mrope`): ([3, n] positions of an n-token
                                prompt, the offset of every later token's position from its
@@ -25,6 +27,7 @@ with the vision config and the whole config beside it (`vision_config`, `vision_
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 import torch
@@ -88,6 +91,18 @@ class VisionLanguageModel(nn.Module):
 
     def mrope_positions(self, prompt_len: int, images: list[ImageInput]):
         raise NotImplementedError  # (a family with uses_mrope)
+
+    # ---- the encoder in CUDA graphs (worker/encoder_graphs.py) ---------------------------
+
+    def graph_input(self, images: list[ImageInput]) -> tuple[Hashable, torch.Tensor] | None:
+        """For one image whose encoding `graph_body` replays: (the key of all but its pixels
+        that the encoding depends on, its pixels on the device); None (the default): eager."""
+        return None
+
+    def graph_body(self, key: Hashable) -> Callable[[torch.Tensor], torch.Tensor]:
+        """fn(pixels) -> [placeholder tokens, hidden] of one image of `key`, reading no host
+        data (capturable); called once per key."""
+        raise NotImplementedError  # (a family whose graph_input gives keys)
 
     # ---- shared --------------------------------------------------------------------------
 

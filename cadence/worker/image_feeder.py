@@ -13,6 +13,9 @@ may start inside them: an image is encoded whole and its features kept by conten
 (LRU, up to `cache_tokens` rows), so each step takes the slice it runs and the next chunk,
 a preempted request's recompute or another request with the same image reuses them.
 
+A step that encodes one image alone replays it in a CUDA graph where the family has one
+(worker/encoder_graphs.py).
+
 An image its model attends both ways (Gemma 3, `bidirectional_images`): its tokens in
 the step see keys up to its last token, which the scheduler put in the same step
 (core/request.py `fit_chunk`); `take` writes those limits into the layout (`key_limits`).
@@ -31,17 +34,24 @@ from collections import OrderedDict
 import numpy as np
 import torch
 
+from cadence.config import EngineConfig
 from cadence.models.vision_language import ImageRows
 from cadence.multimodal.inputs import ImageInput
 from cadence.worker.batch_inputs import StepLayout
+from cadence.worker.encoder_graphs import EncoderGraphs
 from cadence.worker.step_state import RequestState
 
 
 class ImageFeeder:
-    def __init__(self, model, device: torch.device, cache_tokens: int) -> None:
+    def __init__(self, model, device: torch.device, config: EngineConfig) -> None:
         self.model = model
         self.device = device
-        self.cache_tokens = cache_tokens
+        # Encoder rows kept (LRU): a step's worth of tokens at least.
+        self.cache_tokens = max(8192, config.scheduler.max_num_batched_tokens)
+        # One image's encoder in a CUDA graph where the family has one (on a GPU, graphs on)
+        self.graphs = None
+        if device.type == "cuda" and not config.enforce_eager:
+            self.graphs = EncoderGraphs(model, device)
         self.cache: OrderedDict[str, torch.Tensor] = OrderedDict()  # hash -> [rows, hidden]
         self.cached_rows = 0
         self.mrope = model.uses_mrope
@@ -126,7 +136,10 @@ class ImageFeeder:
                 out[key] = cached
         self.num_reused += len(out)
         if missing:
-            for image, rows in zip(missing, self.model.encode_images(missing), strict=True):
+            encoded = self.graphs.encode(missing) if self.graphs is not None else None
+            if encoded is None:
+                encoded = self.model.encode_images(missing)
+            for image, rows in zip(missing, encoded, strict=True):
                 out[image.content_hash] = rows
                 self.cache[image.content_hash] = rows
                 self.cached_rows += rows.shape[0]

@@ -105,11 +105,7 @@ class ModelRunner:
         self.lora = LoRAManager.for_runner(self.model, config, self.dtype, self.device)
         self.image_token_id: int | None = self.model.image_token_id
         self.images = (
-            None
-            if self.image_token_id is None
-            else ImageFeeder(
-                self.model, self.device, max(8192, config.scheduler.max_num_batched_tokens)
-            )
+            None if self.image_token_id is None else ImageFeeder(self.model, self.device, config)
         )
         if tp.size > 1 and not config.parallel.disable_custom_all_reduce:
             enable_one_shot(ONE_SHOT_MAX_BYTES, self.dtype)
