@@ -66,7 +66,10 @@ class EncoderGraphs:
         with torch.cuda.stream(stream):
             body(static_pixels)  # warm-up: kernels and workspaces before the capture
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            # (Captured while serving: other threads' CUDA calls must not break it.)
+            with torch.cuda.graph(
+                graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"
+            ):
                 output = body(static_pixels)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self.pool = graph.pool()
