@@ -4,10 +4,10 @@ latency case, runs its encoder as one replay instead of a few hundred launches (
 
 A graph is captured the first time an image of a new key arrives (the key: what besides
 the pixels the encoding depends on; Qwen-VL: the image's patch grid; a family of one image
-size: one key), up to `max_graphs`; every graph shares one memory pool and replays one at
-a time, and its output is copied out before the next. Batches of several images, keys
-past the limit and families without graphs (`VisionLanguageModel.graph_input` None) run
-eagerly as before.
+size: one key), up to `max_graphs`, for images of up to MAX_GRAPH_PIXELS values; every
+graph shares one memory pool and replays one at a time, and its output is copied out
+before the next. Batches of several images, keys past the limit, larger images and
+families without graphs (`VisionLanguageModel.graph_input` None) run eagerly as before.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ import torch
 from cadence.multimodal.inputs import ImageInput
 
 logger = logging.getLogger(__name__)
+
+
+# Images of more pixel values than this run eagerly: their encoder is bound by its FLOPs,
+# not its launches, and a graph's pool would keep their activations. (Qwen-VL at 448x448:
+# 1.2 M; Gemma 3's 896x896: 2.4 M; LLaVA's 336x336: 0.3 M.)
+MAX_GRAPH_PIXELS = 1 << 22
 
 
 class EncoderGraphs:
@@ -43,7 +49,7 @@ class EncoderGraphs:
         key, pixels = staged
         entry = self.graphs.get(key)
         if entry is None:
-            if len(self.graphs) >= self.max_graphs:
+            if len(self.graphs) >= self.max_graphs or pixels.numel() > MAX_GRAPH_PIXELS:
                 return None
             entry = self.graphs[key] = self._capture(key, pixels)
         graph, static_pixels, output, _ = entry
