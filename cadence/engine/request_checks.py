@@ -44,11 +44,11 @@ class RequestChecks:
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
             )
         check_images(images or [], prompt_token_ids, self.image_token_id)
-        for image in images or []:
-            if self.whole_image_tokens is not None and image.length > self.whole_image_tokens:
-                raise ValueError(
-                    f"an image of {image.length} tokens, which this model prefills in one "
-                    f"step: a step holds {self.whole_image_tokens} (--max-num-batched-tokens)"
-                )
+        longest = max((image.length for image in images or []), default=0)
+        if self.whole_image_tokens is not None and longest > self.whole_image_tokens:
+            raise ValueError(
+                f"an image of {longest} tokens, which this model prefills in one step: a "
+                f"step holds {self.whole_image_tokens} (--max-num-batched-tokens)"
+            )
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - n

@@ -74,10 +74,7 @@ class Gemma3ForConditionalGeneration(VisionLanguageModel):
         return list(self.multi_modal_projector(self.vision_tower(pixels)).unbind(0))
 
     def graph_input(self, images: list[ImageInput]):
-        like = self.multi_modal_projector.mm_input_projection_weight
-        if len(images) != 1:
-            return None
-        return "image", self.device_tensor(images[0], "pixel_values", like)  # (one size)
+        return self.one_image_pixels(images, self.multi_modal_projector.mm_input_projection_weight)
 
     def graph_body(self, key):
         return lambda pixels: self.multi_modal_projector(self.vision_tower(pixels))[0]

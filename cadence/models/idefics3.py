@@ -63,10 +63,7 @@ class Idefics3ForConditionalGeneration(VisionLanguageModel):
         return list(self.connector(self.vision_model(pixels)).unbind(0))
 
     def graph_input(self, images: list[ImageInput]):
-        like = self.connector.modality_projection.proj.weight
-        if len(images) != 1:
-            return None
-        return "tile", self.device_tensor(images[0], "pixel_values", like)  # (one size)
+        return self.one_image_pixels(images, self.connector.modality_projection.proj.weight)
 
     def graph_body(self, key):
         return lambda pixels: self.connector(self.vision_model(pixels))[0]

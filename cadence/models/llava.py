@@ -74,10 +74,7 @@ class LlavaForConditionalGeneration(VisionLanguageModel):
         return self.multi_modal_projector(features)
 
     def graph_input(self, images: list[ImageInput]):
-        like = self.multi_modal_projector.linear_1.weight
-        if len(images) != 1:
-            return None
-        return "image", self.device_tensor(images[0], "pixel_values", like)  # (one size)
+        return self.one_image_pixels(images, self.multi_modal_projector.linear_1.weight)
 
     def graph_body(self, key):
         return lambda pixels: self.encode_pixels(pixels)[0]

@@ -133,6 +133,13 @@ class VisionLanguageModel(nn.Module):
                 break
         return super().checkpoint_name(name)
 
+    def one_image_pixels(self, images: list[ImageInput], like: torch.Tensor):
+        """graph_input of a family whose every image is one pixel tensor of the tower's
+        size (checked at admission): one key for all; None for several images."""
+        if len(images) != 1:
+            return None
+        return "image", self.device_tensor(images[0], "pixel_values", like)
+
     @staticmethod
     def device_tensor(image: ImageInput, name: str, like: torch.Tensor) -> torch.Tensor:
         """One of the image's tensors, on `like`'s device (floats in its dtype)."""

@@ -28,6 +28,8 @@
 
 #include "panels.h"
 
+#include <type_traits>
+
 #if defined(CADENCE_PANEL_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 #define CADENCE_PANEL_VNNI 1  // (-march=native on a CPU with AVX-512 VNNI and VBMI)
@@ -48,6 +50,15 @@ namespace {
 
 constexpr int64_t QBLOCK = 32;  // columns an activation scale covers (and the int16 bound)
 constexpr int MRQ = 4;          // batch rows a tile multiplies
+
+// f(std::integral_constant<int, mr>) for a tile of mr <= Max rows (its row count compiled in).
+template <int Max, typename F>
+void with_tile_rows(int mr, F&& f) {
+  if constexpr (Max > 1) {
+    if (mr < Max) return with_tile_rows<Max - 1>(mr, f);
+  }
+  f(std::integral_constant<int, Max>{});
+}
 
 // Rows of x [M, K] (float32) -> int8 codes qx [M, K], block scales d [M, K / QBLOCK] and
 // group sums [M, K / group].
@@ -200,35 +211,10 @@ void q8_tile_vnni(const int8_t* qx, const float* d, const float* sums, int64_t K
   for (int r = 0; r < MR_; ++r) _mm512_storeu_ps(acc + r * PANEL, t[r]);
 }
 
-template <typename S>
-void q8_tile_vnni_rows(int mr, const int8_t* qx, const float* d, const float* sums, int64_t K,
-                       int64_t group, const uint8_t* q, const S* sc, float* acc) {
-  switch (mr) {
-    case 1: return q8_tile_vnni<1>(qx, d, sums, K, group, q, sc, acc);
-    case 2: return q8_tile_vnni<2>(qx, d, sums, K, group, q, sc, acc);
-    case 3: return q8_tile_vnni<3>(qx, d, sums, K, group, q, sc, acc);
-    case 4: return q8_tile_vnni<4>(qx, d, sums, K, group, q, sc, acc);
-    case 5: return q8_tile_vnni<5>(qx, d, sums, K, group, q, sc, acc);
-    case 6: return q8_tile_vnni<6>(qx, d, sums, K, group, q, sc, acc);
-    case 7: return q8_tile_vnni<7>(qx, d, sums, K, group, q, sc, acc);
-    default: return q8_tile_vnni<MRV>(qx, d, sums, K, group, q, sc, acc);
-  }
-}
 constexpr int MR_TILE = MRV;
 #else
 constexpr int MR_TILE = MRQ;
 #endif
-
-template <typename S>
-void q8_tile_rows(int mr, const int8_t* pat, const float* d, const float* sums, int64_t K,
-                  int64_t group, const uint8_t* q, const S* sc, float* acc) {
-  switch (mr) {
-    case 1: return q8_tile<1>(pat, d, sums, K, group, q, sc, acc);
-    case 2: return q8_tile<2>(pat, d, sums, K, group, q, sc, acc);
-    case 3: return q8_tile<3>(pat, d, sums, K, group, q, sc, acc);
-    default: return q8_tile<MRQ>(pat, d, sums, K, group, q, sc, acc);
-  }
-}
 
 }  // namespace
 #endif
@@ -280,13 +266,17 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
           for (int64_t m0 = 0; m0 < M; m0 += MR_TILE) {
             const int mr = static_cast<int>(std::min<int64_t>(MR_TILE, M - m0));
 #ifdef CADENCE_PANEL_VNNI
-            q8_tile_vnni_rows(mr, patp + m0 * K, dp + m0 * (K / QBLOCK),
-                              sump + m0 * (K / group), K, group, qp + p * K * 8,
-                              scp + p * (K / group) * 2 * PANEL, acc);
+            with_tile_rows<MR_TILE>(mr, [&](auto rows) {
+              q8_tile_vnni<decltype(rows)::value>(patp + m0 * K, dp + m0 * (K / QBLOCK),
+                                       sump + m0 * (K / group), K, group, qp + p * K * 8,
+                                       scp + p * (K / group) * 2 * PANEL, acc);
+            });
 #else
-            q8_tile_rows(mr, patp + m0 * K * 8, dp + m0 * (K / QBLOCK),
-                         sump + m0 * (K / group), K, group, qp + p * K * 8,
-                         scp + p * (K / group) * 2 * PANEL, acc);
+            with_tile_rows<MR_TILE>(mr, [&](auto rows) {
+              q8_tile<decltype(rows)::value>(patp + m0 * K * 8, dp + m0 * (K / QBLOCK),
+                                  sump + m0 * (K / group), K, group, qp + p * K * 8,
+                                  scp + p * (K / group) * 2 * PANEL, acc);
+            });
 #endif
             for (int r = 0; r < mr; ++r)
               for (int64_t j = 0; j < width; ++j) store_t(o + (m0 + r) * N + n0, j, acc[r * PANEL + j]);
