@@ -102,7 +102,12 @@ class Sampler:
         return probs
 
     def draw(self, probs: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """One token per row, distributed as the row's (unnormalised) probs."""
+        """One token per row, distributed as the row's (unnormalised) probs. On a GPU the
+        exponential race (the argmax of p / E, one E ~ Exp(1) an entry); on a CPU, where
+        torch draws exponentials one at a time (14.5 ms for 16 rows of 49,152: half a
+        decode step of the default model), the inverse CDF, one uniform a row."""
+        if not probs.is_cuda:
+            return _inverse_cdf(probs, batch.generators)
         noise = torch.empty_like(probs).exponential_()
         for row, gen in batch.generators.items():
             noise[row].exponential_(generator=gen)
@@ -112,6 +117,23 @@ class Sampler:
         greedy_tokens = _argmax(logits)
         sampled = self.draw(self.probs(logits, batch), batch)
         return torch.where(batch.temperature == 0, greedy_tokens, sampled)
+
+
+def _inverse_cdf(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Row i's token: the first whose running sum of probs exceeds u_i times the row's
+    total (u_i uniform in [0, 1), from the row's own generator where it has one). Sums in
+    float64; a token of zero mass is never the first to exceed (its sum equals the one
+    before it), and the target stays under the total, so the index stays in the row."""
+    uniform = torch.rand(probs.shape[0], dtype=torch.float64, device=probs.device)
+    for row, gen in generators.items():
+        uniform[row] = torch.rand(1, generator=gen, dtype=torch.float64, device=probs.device)
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    target = torch.minimum(
+        uniform[:, None] * total, torch.nextafter(total, torch.zeros_like(total))
+    )
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return index.clamp_(max=probs.shape[1] - 1)  # (an all-zero row: its last token)
 
 
 def with_logprobs(

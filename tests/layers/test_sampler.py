@@ -85,6 +85,21 @@ def test_seeded_rows_draw_from_their_own_generator():
     assert draw(0, 1) == draw(2, 3) == draw(1, 2)
 
 
+def test_a_draw_follows_the_rows_distribution_and_never_picks_zero_mass():
+    """The CPU's inverse-CDF draw: frequencies within a few standard errors of the
+    probabilities (unnormalised rows, as top-k / min-p leave them), zero-mass tokens
+    (the first, the last, between) never drawn, whatever the row's scale."""
+    torch.manual_seed(0)
+    rows = 40_000
+    probs = torch.tensor([[0.0, 0.2, 0.0, 1.2, 0.6, 0.0]]).repeat(rows, 1)
+    probs[rows // 2 :] *= 1e-30  # tiny totals draw the same way
+    tokens = Sampler().draw(probs, batch(rows, temperature=torch.ones(rows), all_greedy=False))
+    counts = torch.bincount(tokens, minlength=6).double() / rows
+    want = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0], dtype=torch.float64)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert ((counts - want).abs() <= 4 * (want * (1 - want) / rows).sqrt() + 1e-9).all()
+
+
 def test_logprobs_are_raw_log_softmax():
     logits = torch.tensor([[1.0, 2.0, 3.0]])
     out = Sampler()(logits, batch(1, max_logprobs=2, bias=torch.tensor([[10.0, 0.0, 0.0]])))

@@ -143,7 +143,8 @@ def test_a_table_too_large_to_expand_stays_on_the_panels(monkeypatch):
 def int8_product(x: torch.Tensor, codes) -> torch.Tensor:
     """panel_q8.cpp's arithmetic in float64: x rounded to int8 per block of 32 columns
     (scale max|x| / 127, computed in float32 as the kernel does), exact integer sums, the
-    weights' scales per group and their offsets times the float sum of x."""
+    weights' scales per group and their offsets times the sum of x: x's own for codes of
+    up to 4 bits, the rounded x's for wider ones (Q8_0's offset is -128 s)."""
     m, k = x.shape
     xb = x.float().view(m, k // 32, 32)
     amax = xb.abs().amax(-1, keepdim=True)
@@ -156,26 +157,37 @@ def int8_product(x: torch.Tensor, codes) -> torch.Tensor:
     scaled = per_block * d[:, None, :]  # [m, n, blocks]
     group = codes.group
     per_group = scaled.view(m, v.shape[0], k // group, group // 32).sum(-1)
-    x_sums = x.double().view(m, k // group, group).sum(-1)  # [m, groups]
+    if codes.bits > 4:
+        rounded = (q.view(m, -1, 32) * d[..., None]).view(m, k)
+        x_sums = rounded.view(m, k // group, group).sum(-1)  # [m, groups]
+    else:
+        x_sums = x.double().view(m, k // group, group).sum(-1)
     s, c = codes.s.double(), codes.c.double()  # [n, groups]
     return (per_group * s[None]).sum(-1) + x_sums @ c.t()
 
 
-@pytest.mark.skipif(
-    not gguf_cpu.available() or not gguf_cpu.cpu_ops.ops().panel_q8_available(),
-    reason="int8 activations need AVX2",
-)
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
-def test_bf16_activations_meet_4bit_codes_as_int8(kind):
+def int8_tile_for(kind: str) -> bool:
+    """Whether this build has an int8 tile for the format's codes (4 bits: AVX2; wider:
+    AVX-512 VNNI)."""
+    bits = 4 if codes_of(kind, 16, 256).bits <= 4 else 8
+    return gguf_cpu.available() and gguf_cpu.cpu_ops.ops().panel_q8_available(bits)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q8_0"])
+def test_bf16_activations_meet_the_codes_as_int8(kind):
     """What the int8 product computes (to the order of float32 sums and one bf16 rounding),
-    at every tile remainder, and how far that is from the exact product: the activations'
-    rounding, at most half a step of max|x| / 127 per block."""
+    at every tile remainder (VNNI / AVX2 tiles of 8 / 4 rows; AMX tiles of 16 from 16
+    rows, where built), and how far that is from the exact product: the activations'
+    rounding, at most half a step of max|x| / 127 per block. A batch's rows equal the same
+    rows multiplied one at a time, bit for bit, whichever tile ran them."""
+    if not int8_tile_for(kind):
+        pytest.skip(f"no int8 tile for {kind}'s codes in this build (AVX2 only: 4-bit codes)")
     n, k = 45, 512
     codes = codes_of(kind, n, k, seed=4)
     panels = gguf_cpu.PanelsCPU(codes)
     assert panels.int8_activations
     weight = codes.dequantize().double()
-    for rows in (1, 2, 3, 4, 5, 9, gguf_cpu.EXPAND_ROWS - 1):
+    for rows in (1, 2, 3, 4, 5, 9, 16, 17, 33, gguf_cpu.EXPAND_ROWS - 1):
         x = torch.randn(rows, k, dtype=torch.bfloat16)
         x[0, :32] = 0  # a block of zeros: scale 0, no division by it
         got = panels(x)
@@ -187,10 +199,13 @@ def test_bf16_activations_meet_4bit_codes_as_int8(kind):
         step = x.double().view(rows, -1, 32).abs().amax(-1) / 127  # [rows, blocks]
         rounding = (step / 2) @ weight.abs().view(n, -1, 32).sum(-1).t()
         assert ((got.double() - exact).abs() <= rounding + exact.abs() * 2**-7 + 1e-3).all()
+        one_at_a_time = torch.cat([panels(x[i : i + 1]) for i in range(rows)])
+        assert torch.equal(got, one_at_a_time), rows
 
 
-def test_float32_and_wider_codes_keep_the_float_path():
-    assert not gguf_cpu.PanelsCPU(codes_of("Q8_0", 16, 64)).int8_activations
+def test_float32_and_16_column_groups_keep_the_float_path():
+    assert not gguf_cpu.PanelsCPU(codes_of("Q6_K", 16, 256)).int8_activations  # groups of 16
+    assert gguf_cpu.PanelsCPU(codes_of("Q8_0", 16, 64)).int8_activations == int8_tile_for("Q8_0")
     panels = gguf_cpu.PanelsCPU(codes_of("Q4_0", 16, 64))
     x = torch.randn(3, 64)
     want = x.double() @ codes_of("Q4_0", 16, 64).dequantize().double().t()

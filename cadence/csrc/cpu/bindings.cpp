@@ -21,8 +21,9 @@
 //   expand_panels(out, q, sc, group, bits)   the panels expanded as W^T [K, N]
 //   panel_rows(out, q, sc, rows, n, group, bits)
 //                                            rows of the panels' W (embedding lookups)
-//   panel_gemm_q8(out, x, q, sc, group)      x W^T for 4-bit panels, x as int8 (AVX2)
-//   panel_q8_available()                     whether this build has panel_gemm_q8
+//   panel_gemm_q8(out, x, q, sc, group, bits)
+//                                            x W^T for 4- or 8-bit panels, x as int8
+//   panel_q8_available(bits)                 whether this build has panel_gemm_q8 for them
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -48,8 +49,8 @@ void expand_panels(torch::Tensor out, torch::Tensor q, torch::Tensor sc, int64_t
 void panel_rows(torch::Tensor out, torch::Tensor q, torch::Tensor sc, torch::Tensor rows,
                 int64_t n, int64_t group, int64_t bits);
 void panel_gemm_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor sc,
-                   int64_t group);
-bool panel_q8_available();
+                   int64_t group, int64_t bits);
+bool panel_q8_available(int64_t bits);
 void bind_threads(std::vector<int64_t> cores);
 }  // namespace cadence_cpu
 
@@ -64,8 +65,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_gemm", &panel_gemm, "x W^T from GGUF codes in 16-row panels");
   m.def("expand_panels", &expand_panels, "the panels' W^T [K, N]");
   m.def("panel_rows", &panel_rows, "rows of the panels' W");
-  m.def("panel_gemm_q8", &panel_gemm_q8, "x W^T for 4-bit panels, x quantized to int8");
-  m.def("panel_q8_available", &panel_q8_available, "whether panel_gemm_q8 is built");
+  m.def("panel_gemm_q8", &panel_gemm_q8, "x W^T for 4- or 8-bit panels, x quantized to int8");
+  m.def("panel_q8_available", &panel_q8_available, "whether panel_gemm_q8 is built for bits");
   m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight as W^T [K, rows]");
 }
 

@@ -17,9 +17,17 @@
 // rounding (relative 1/254 per block at most) separates this from panel_gemm's result.
 // Used for 16-bit activations only (gguf_cpu.py): float32 models keep the exact path.
 //
-// Two tiles, chosen when the kernels are built (-march=native): AVX-512 VNNI's `dpbusd`
-// where the CPU has it (q8_tile_vnni, below), else AVX2's `maddubs` (q8_tile). Both give
-// the same sums in the same order: bit-identical results.
+// Tiles, chosen when the kernels are built (-march=native): AVX-512 VNNI's `dpbusd`
+// where the CPU has it (q8_tile_vnni, below), else AVX2's `maddubs` (q8_tile); and from
+// AMX_ROWS batch rows, AMX-INT8 where the CPU has it and the OS lends the tiles
+// (q8_tile_amx: one `tdpbsud` multiplies 16 rows by a block of a panel). All give the same
+// sums in the same order: bit-identical results.
+//
+// Codes of up to 8 bits (the one-byte layout: Q5_0, Q5_1, Q5_K, Q8_0) take the VNNI and
+// AMX tiles only (maddubs' 16-bit pairs would overflow at 255 x 127). Their offsets use
+// the quantized activations' sums (sum_b d_b sum_k qx_k), not the float ones: a Q8_0
+// weight's offset is -128 s, and 128 times each block's rounding error would otherwise
+// stay in the result; this way the product is exactly qx's with the dequantized W.
 //
 // Activation patterns (the AVX2 tile): for columns k..k+3, maddubs needs (qx_k, qx_k+1) in every pair of
 // the low 128-bit lane and (qx_k+2, qx_k+3) in the high one, matching the weight bytes
@@ -34,12 +42,22 @@
     defined(__AVX512VNNI__) && defined(__AVX512VBMI__)
 #define CADENCE_PANEL_VNNI 1  // (-march=native on a CPU with AVX-512 VNNI and VBMI)
 #endif
+#if defined(CADENCE_PANEL_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define CADENCE_PANEL_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#endif
 
 namespace cadence_cpu {
 
-bool panel_q8_available() {
-#ifdef CADENCE_PANEL_AVX2
-  return true;
+bool panel_q8_available(int64_t bits) {
+#if defined(CADENCE_PANEL_VNNI)
+  return bits == 4 || bits == 8;
+#elif defined(CADENCE_PANEL_AVX2)
+  return bits == 4;
 #else
   return false;
 #endif
@@ -61,12 +79,12 @@ void with_tile_rows(int mr, F&& f) {
 }
 
 // Rows of x [M, K] (float32) -> int8 codes qx [M, K], block scales d [M, K / QBLOCK] and
-// group sums [M, K / group].
-void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int8_t* qx, float* d,
-                   float* sums) {
+// group sums [M, K / group]: of x itself, or (quantized_sums) of d_b qx.
+void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, bool quantized_sums,
+                   int8_t* qx, float* d, float* sums) {
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
-    for (int64_t g = 0; g < K / group; ++g) {
+    for (int64_t g = 0; !quantized_sums && g < K / group; ++g) {
       float s = 0.0f;
       for (int64_t k = g * group; k < (g + 1) * group; ++k) s += xr[k];
       sums[m * (K / group) + g] = s;
@@ -80,6 +98,15 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t group, int8_t* 
       int8_t* qb = qx + m * K + b * QBLOCK;
       for (int64_t i = 0; i < QBLOCK; ++i)
         qb[i] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, std::nearbyint(xb[i] * inv))));
+    }
+    for (int64_t g = 0; quantized_sums && g < K / group; ++g) {
+      float s = 0.0f;
+      for (int64_t b = g * group / QBLOCK; b < (g + 1) * group / QBLOCK; ++b) {
+        int32_t n = 0;
+        for (int64_t i = 0; i < QBLOCK; ++i) n += qx[m * K + b * QBLOCK + i];
+        s += d[m * (K / QBLOCK) + b] * static_cast<float>(n);
+      }
+      sums[m * (K / group) + g] = s;
     }
   }
 }
@@ -151,11 +178,12 @@ void q8_tile(const int8_t* pat, const float* d, const float* sums, int64_t K, in
 
 #ifdef CADENCE_PANEL_VNNI
 // AVX-512 VNNI: the same sums, one instruction per (4 columns, 16 panel rows, batch row).
-// Four columns' 32 bytes of codes unpack to 64 bytes (low nibbles: rows 0-7, then high
-// nibbles: rows 8-15), and one byte permute puts row j's four codes in 32-bit lane j;
-// `dpbusd` multiplies them (unsigned) by a row's four int8 activations (broadcast) and adds
-// the four products into lane j, in 32 bits: no 16-bit bound, no widening. The float steps
-// per block and group are panel_q8's AVX2 tile's, in the same order: the same results.
+// One byte permute puts row j's four codes (columns k..k+3) in 32-bit lane j (4-bit
+// panels: after their 32 bytes unpack to 64, low nibbles rows 0-7 then high nibbles rows
+// 8-15); `dpbusd` multiplies them (unsigned) by a row's four int8 activations (broadcast)
+// and adds the four products into lane j, in 32 bits: no 16-bit bound, no widening. The
+// float steps per block and group are panel_q8's AVX2 tile's, in the same order: the same
+// results.
 constexpr int MRV = 8;  // batch rows a tile multiplies (3 of the 32 registers each)
 
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -163,18 +191,41 @@ inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// byte j * 4 + c of the permuted register <- row j's code of column c
-alignas(64) constexpr int8_t ROW_LANES[64] = {
+// byte j * 4 + c of the permuted register <- row j's code of column c: 4-bit panels
+// (unpacked: bytes 0-31 low nibbles, 8 a column; 32-63 high nibbles) and one-byte panels
+// (16 bytes a column)
+alignas(64) constexpr int8_t ROW_LANES4[64] = {
     0,  8,  16, 24, 1,  9,  17, 25, 2,  10, 18, 26, 3,  11, 19, 27,
     4,  12, 20, 28, 5,  13, 21, 29, 6,  14, 22, 30, 7,  15, 23, 31,
     32, 40, 48, 56, 33, 41, 49, 57, 34, 42, 50, 58, 35, 43, 51, 59,
     36, 44, 52, 60, 37, 45, 53, 61, 38, 46, 54, 62, 39, 47, 55, 63};
+alignas(64) constexpr int8_t ROW_LANES8[64] = {
+    0,  16, 32, 48, 1,  17, 33, 49, 2,  18, 34, 50, 3,  19, 35, 51,
+    4,  20, 36, 52, 5,  21, 37, 53, 6,  22, 38, 54, 7,  23, 39, 55,
+    8,  24, 40, 56, 9,  25, 41, 57, 10, 26, 42, 58, 11, 27, 43, 59,
+    12, 28, 44, 60, 13, 29, 45, 61, 14, 30, 46, 62, 15, 31, 47, 63};
 
-template <int MR_, typename S>
+// Bytes of a panel's codes per column.
+constexpr int64_t code_bytes(int bits) { return bits == 4 ? 8 : 16; }
+
+// The panel's codes of columns k..k+3, row j's four in 32-bit lane j.
+template <int Bits>
+inline __m512i row_codes(const uint8_t* q, int64_t k) {
+  if constexpr (Bits == 4) {
+    const __m256i nib = _mm256_set1_epi8(15);
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 8));
+    const __m256i lo = _mm256_and_si256(w, nib);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
+    return _mm512_permutexvar_epi8(_mm512_load_si512(ROW_LANES4),
+                                   _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  } else {
+    return _mm512_permutexvar_epi8(_mm512_load_si512(ROW_LANES8), _mm512_loadu_si512(q + k * 16));
+  }
+}
+
+template <int Bits, int MR_, typename S>
 void q8_tile_vnni(const int8_t* qx, const float* d, const float* sums, int64_t K,
                   int64_t group, const uint8_t* q, const S* sc, float* acc) {
-  const __m512i lanes = _mm512_load_si512(ROW_LANES);
-  const __m256i nib = _mm256_set1_epi8(15);
   const int64_t nb = K / QBLOCK, ng = K / group;
   __m512 t[MR_];
   for (int r = 0; r < MR_; ++r) t[r] = _mm512_setzero_ps();
@@ -185,11 +236,7 @@ void q8_tile_vnni(const int8_t* qx, const float* d, const float* sums, int64_t K
       __m512i sum[MR_];
       for (int r = 0; r < MR_; ++r) sum[r] = _mm512_setzero_si512();
       for (int64_t k = b0; k < b0 + QBLOCK; k += 4) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 8));
-        const __m256i lo = _mm256_and_si256(w, nib);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), nib);
-        const __m512i codes =
-            _mm512_permutexvar_epi8(lanes, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+        const __m512i codes = row_codes<Bits>(q, k);
         for (int r = 0; r < MR_; ++r) {
           int32_t four;
           std::memcpy(&four, qx + r * K + k, 4);
@@ -216,24 +263,140 @@ constexpr int MR_TILE = MRV;
 constexpr int MR_TILE = MRQ;
 #endif
 
+#ifdef CADENCE_PANEL_AMX
+// AMX-INT8: a block (32 columns) of a panel against 16 batch rows is one `tdpbsud`: A =
+// the rows' int8 codes (16 x 32 bytes, read in place from qx), B = the panel's codes laid
+// out as VNNI's registers (8 rows of 64 bytes: row_codes of columns k..k+3), C = 16 x 16
+// int32 sums, stored and finished by the VNNI tile's float steps in the same order (so
+// the results are the same bits). Tiles of 32 rows run two A / C pairs against one B, so
+// the codes unpack once per 32 rows. qx must hold whole tiles of 16 rows (zero padding):
+// the padded rows are multiplied and never read.
+constexpr int64_t AMX_ROWS = 16;  // batch rows from which the AMX tile runs
+
+// The tile registers' shapes, loaded once per chunk of panels on the thread that runs it
+// (a thread's tile state is its own), released at the end (a context switch then saves
+// no tile data, and oneDNN's kernels load their own shapes).
+class AmxTiles {
+ public:
+  AmxTiles() {
+    alignas(64) uint8_t config[64] = {};
+    config[0] = 1;  // palette 1
+    auto shape = [&](int t, int rows, int bytes) {
+      config[48 + t] = static_cast<uint8_t>(rows);
+      std::memcpy(config + 16 + 2 * t, &bytes, 2);
+    };
+    for (int slot : {0, 4}) {         // (amx_block's two slots: tiles 0, 1, 3 and 4, 5, 7)
+      shape(slot, QBLOCK / 4, 64);    // B: the block's codes, 4 columns a row
+      shape(slot + 1, 16, QBLOCK);    // A: 16 rows' int8 codes of the block
+      shape(slot + 3, 16, 64);        // C: 16 rows x 16 int32 sums
+    }
+    _tile_loadconfig(config);
+  }
+  ~AmxTiles() { _tile_release(); }
+  AmxTiles(const AmxTiles&) = delete;
+  AmxTiles& operator=(const AmxTiles&) = delete;
+};
+
+// Whether this process may use the tiles: Linux lends AMX's 8 KB of state on request
+// (CADENCE_CPU_AMX=0: never ask, the VNNI tile serves every batch).
+bool amx_permitted() {
+  static const bool ok = [] {
+    const char* env = std::getenv("CADENCE_CPU_AMX");
+    if (env != nullptr && std::string(env) == "0") return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                   18 /* XFEATURE_XTILEDATA */) == 0;
+  }();
+  return ok;
+}
+
+// The block `blk` of a panel against 16 rows, into the int32 sums c [16, 16]: its codes
+// laid out as B in b, then A (the rows' codes, in place) times B. Slot 0 and 1 use
+// separate tile registers, so one block's product is in flight while the previous
+// block's sums are finished.
+template <int Bits, int Slot>
+inline void amx_block(const int8_t* qx, int64_t K, const uint8_t* q, int64_t blk, uint8_t* b,
+                      int32_t* c) {
+  for (int64_t s = 0; s < QBLOCK / 4; ++s)
+    _mm512_store_si512(b + s * 64, row_codes<Bits>(q, blk * QBLOCK + 4 * s));
+  // (GCC's tile intrinsics take the register number as a literal)
+  if constexpr (Slot == 0) {
+    _tile_loadd(0, b, 64);
+    _tile_loadd(1, qx + blk * QBLOCK, K);
+    _tile_zero(3);
+    _tile_dpbsud(3, 1, 0);
+    _tile_stored(3, c, 64);
+  } else {
+    _tile_loadd(4, b, 64);
+    _tile_loadd(5, qx + blk * QBLOCK, K);
+    _tile_zero(7);
+    _tile_dpbsud(7, 5, 4);
+    _tile_stored(7, c, 64);
+  }
+}
+
+// mr <= 16 rows (qx holding 16) against one panel, all of K, into acc [mr, 16].
+template <int Bits, typename S>
+void q8_tile_amx(const int8_t* qx, const float* d, const float* sums, int64_t K,
+                 int64_t group, int mr, const uint8_t* q, const S* sc, float* acc) {
+  alignas(64) uint8_t b[2][QBLOCK / 4 * 64];
+  alignas(64) int32_t c[2][16 * PANEL];
+  alignas(64) float f[16 * PANEL];
+  const int64_t nb = K / QBLOCK, ng = K / group, per_group = group / QBLOCK;
+  for (int r = 0; r < mr; ++r) _mm512_storeu_ps(acc + r * PANEL, _mm512_setzero_ps());
+  amx_block<Bits, 0>(qx, K, q, 0, b[0], c[0]);
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    const int slot = blk & 1;
+    if (blk + 1 < nb) {  // the next block's product, issued before this one's float steps
+      if (slot == 0) amx_block<Bits, 1>(qx, K, q, blk + 1, b[1], c[1]);
+      else amx_block<Bits, 0>(qx, K, q, blk + 1, b[0], c[0]);
+    }
+    const bool first = blk % per_group == 0;
+    for (int r = 0; r < mr; ++r) {
+      const __m512 db = _mm512_set1_ps(d[r * nb + blk]);
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(c[slot] + r * PANEL));
+      const __m512 prev = first ? _mm512_setzero_ps() : _mm512_load_ps(f + r * PANEL);
+      _mm512_store_ps(f + r * PANEL, _mm512_fmadd_ps(sum, db, prev));
+    }
+    if ((blk + 1) % per_group != 0) continue;
+    const int64_t g = blk / per_group;
+    const S* sg = sc + g * 2 * PANEL;
+    const __m512 sv = load16(sg), cv = load16(sg + PANEL);
+    for (int r = 0; r < mr; ++r) {
+      const __m512 sx = _mm512_set1_ps(sums[r * ng + g]);
+      const __m512 t = _mm512_loadu_ps(acc + r * PANEL);
+      _mm512_storeu_ps(acc + r * PANEL,
+                       _mm512_fmadd_ps(cv, sx, _mm512_fmadd_ps(_mm512_load_ps(f + r * PANEL), sv, t)));
+    }
+  }
+}
+#endif
+
 }  // namespace
 #endif
 
-// out [M, N] = x [M, K] W^T for 4-bit panels, x quantized to int8 per block of 32 columns.
-void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group) {
-#ifndef CADENCE_PANEL_AVX2
-  TORCH_CHECK(false, "panel_gemm_q8 needs AVX2 (panel_q8_available() is false)");
-#else
+// out [M, N] = x [M, K] W^T for panels of codes of up to 4 or 8 bits (`bits`), x quantized
+// to int8 per block of 32 columns.
+void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group,
+                   int64_t bits) {
+  TORCH_CHECK(panel_q8_available(bits), "panel_gemm_q8: no int8 tile for ", bits,
+              "-bit codes in this build (panel_q8_available)");
+#ifdef CADENCE_PANEL_AVX2
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.is_contiguous(), "x [M, K], out [M, N]");
   TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.size(0) == x.size(0), "out must match x");
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   TORCH_CHECK(group % QBLOCK == 0, "int8 activations need groups of a multiple of 32 columns");
-  check_panels(q, sc, N, K, group, 4);
+  check_panels(q, sc, N, K, group, bits);
   const at::Tensor xc = x.contiguous();
   thread_local std::vector<float> widened;
   thread_local std::vector<int8_t> qx, pat;
   thread_local std::vector<float> d, sums;
-  qx.resize(M * K);
+#ifdef CADENCE_PANEL_AMX
+  const bool amx = M >= AMX_ROWS && amx_permitted();
+#else
+  const bool amx = false;
+#endif
+  const int64_t padded = amx ? (M + 15) / 16 * 16 : M;  // (AMX reads whole 16-row tiles)
+  qx.assign(padded * K, 0);
   d.resize(M * (K / QBLOCK));
   sums.resize(M * (K / group));
   const int64_t panels = (N + PANEL - 1) / PANEL;
@@ -245,9 +408,9 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
       widen(xc.data_ptr<scalar_t>(), widened.data(), M * K);
       x32 = widened.data();
     }
-    quantize_rows(x32, M, K, group, qx.data(), d.data(), sums.data());
+    quantize_rows(x32, M, K, group, bits == 8, qx.data(), d.data(), sums.data());
 #ifdef CADENCE_PANEL_VNNI
-    const int8_t* patp = qx.data();  // (the VNNI tile reads the codes as they are)
+    const int8_t* patp = qx.data();  // (the VNNI and AMX tiles read the codes as they are)
 #else
     pat.resize(M * K * 8);
     expand_patterns(qx.data(), M, K, pat.data());
@@ -256,20 +419,39 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
     scalar_t* o = out.data_ptr<scalar_t>();
     // (the thread_local buffers are this thread's: the workers get pointers, not names)
     const float *dp = d.data(), *sump = sums.data();
-    auto run = [&](auto s) {
+    auto run = [&](auto s, auto code_bits) {
       using S = decltype(s);
+      constexpr int Bits = decltype(code_bits)::value;
       const S* scp = static_cast<const S*>(sc.data_ptr());
       parallel_chunks(panels, chunk_grain(panels), [&](int64_t p0, int64_t p1) {
-        float acc[MR_TILE * PANEL];
-        for (int64_t p = p0; p < p1; ++p) {
+        constexpr int rows_max = std::max<int>(MR_TILE, 16 * 2);
+        float acc[rows_max * PANEL];
+        auto store = [&](int64_t p, int64_t m0, int mr) {
           const int64_t n0 = p * PANEL, width = std::min(PANEL, N - n0);
+          for (int r = 0; r < mr; ++r)
+            for (int64_t j = 0; j < width; ++j) store_t(o + (m0 + r) * N + n0, j, acc[r * PANEL + j]);
+        };
+#ifdef CADENCE_PANEL_AMX
+        if (amx) {
+          AmxTiles tiles;
+          for (int64_t p = p0; p < p1; ++p)
+            for (int64_t m0 = 0; m0 < M; m0 += 16) {
+              const int mr = static_cast<int>(std::min<int64_t>(16, M - m0));
+              q8_tile_amx<Bits, S>(patp + m0 * K, dp + m0 * (K / QBLOCK), sump + m0 * (K / group), K, group, mr,
+                   qp + p * K * code_bytes(Bits), scp + p * (K / group) * 2 * PANEL, acc);
+              store(p, m0, mr);
+            }
+          return;
+        }
+#endif
+        for (int64_t p = p0; p < p1; ++p) {
           for (int64_t m0 = 0; m0 < M; m0 += MR_TILE) {
             const int mr = static_cast<int>(std::min<int64_t>(MR_TILE, M - m0));
 #ifdef CADENCE_PANEL_VNNI
             with_tile_rows<MR_TILE>(mr, [&](auto rows) {
-              q8_tile_vnni<decltype(rows)::value>(patp + m0 * K, dp + m0 * (K / QBLOCK),
-                                       sump + m0 * (K / group), K, group, qp + p * K * 8,
-                                       scp + p * (K / group) * 2 * PANEL, acc);
+              q8_tile_vnni<Bits, decltype(rows)::value>(
+                  patp + m0 * K, dp + m0 * (K / QBLOCK), sump + m0 * (K / group), K, group,
+                  qp + p * K * code_bytes(Bits), scp + p * (K / group) * 2 * PANEL, acc);
             });
 #else
             with_tile_rows<MR_TILE>(mr, [&](auto rows) {
@@ -278,13 +460,18 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
                                   scp + p * (K / group) * 2 * PANEL, acc);
             });
 #endif
-            for (int r = 0; r < mr; ++r)
-              for (int64_t j = 0; j < width; ++j) store_t(o + (m0 + r) * N + n0, j, acc[r * PANEL + j]);
+            store(p, m0, mr);
           }
         }
       });
     };
-    if (sc.scalar_type() == at::kHalf) run(c10::Half()); else run(0.0f);
+    auto with_bits = [&](auto s) {
+#ifdef CADENCE_PANEL_VNNI
+      if (bits == 8) return run(s, std::integral_constant<int, 8>{});
+#endif
+      run(s, std::integral_constant<int, 4>{});
+    };
+    if (sc.scalar_type() == at::kHalf) with_bits(c10::Half()); else with_bits(0.0f);
   });
 #endif
 }
