@@ -4,7 +4,7 @@
 # EOS ignored, 16 prompts a point (2 x the concurrency past 8):
 #   bash benchmarks/cpu_vllm_client.sh [OUT_DIR]
 # CONCURRENCY="1 4 16 32", NUM_PROMPTS=32 (every point) and ORDER="vllm cadence" change the
-# sweep. The servers ORDER may name:
+# sweep; CADENCE_ARGS="--max-num-batched-tokens 2048" adds flags to the Cadence servers. The servers ORDER may name:
 #   cadence        `cadence serve` as `make serve` runs it (the GGUF file, Q4_1/Q8_0 packed)
 #   cadence-bf16   the same file expanded to bf16 (--quantization none --dtype bfloat16)
 #   vllm           vLLM's CPU build on a bf16 copy of the same weights
@@ -31,6 +31,8 @@ for name in ${ORDER:-cadence vllm}; do
       port=8766
       flags=()
       [ "$name" = cadence-bf16 ] && flags=(--quantization none --dtype bfloat16)
+      # shellcheck disable=SC2206  # CADENCE_ARGS: more flags for both Cadence servers, split on spaces
+      flags+=(${CADENCE_ARGS:-})
       .venv/bin/cadence serve --port $port --log-level warning --served-model-name smollm2 \
         "${flags[@]}" > "$log" 2>&1 & ;;
     llamacpp)

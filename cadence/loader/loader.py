@@ -22,7 +22,7 @@ from cadence.distributed.parallel_state import expert_parallel_scope, get_tp
 from cadence.loader.gguf import ensure_float_weights, gguf_source
 from cadence.loader.hf_config import language_view, read_config
 from cadence.models.registry import resolve_model_class
-from cadence.quant import mxfp4, plain_cpu
+from cadence.quant import mxfp4, onednn_cpu, plain_cpu
 from cadence.quant.base import QuantMethod, finish_loading, quant_scope
 
 logger = logging.getLogger(__name__)
@@ -99,7 +99,8 @@ def select_quant(
 ) -> tuple[QuantMethod, Iterator[tuple[str, object]] | None]:
     """(the format the model is built in, its tensors when they are not the folder's
     safetensors). `requested` is ModelConfig.quantization: auto | none | fp8 | gguf.
-    Unquantized bf16 on a CPU without oneDNN bf16 kernels takes the panels (plain_cpu)."""
+    Unquantized bf16 on a CPU takes the panels where oneDNN has no bf16 kernels (plain_cpu),
+    and weights prepacked for oneDNN where it has (onednn_cpu)."""
     from cadence.quant.fp8_scheme import scheme_from_config
     from cadence.quant.gguf import GgufQuant
 
@@ -132,6 +133,8 @@ def select_quant(
         return Fp8Quant(scheme), None
     if device is not None and plain_cpu.wanted(dtype, device):
         return plain_cpu.PanelQuant(), None
+    if device is not None and onednn_cpu.wanted(dtype, device):
+        return onednn_cpu.PrepackedQuant(), None
     return QuantMethod(), None
 
 

@@ -113,6 +113,20 @@ def pack_plain(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, sc
 
 
+_expansions: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _expansion_buffer(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """One flat buffer per dtype that every prefill-sized product expands its W^T into
+    (the products of a forward run one at a time, each done with W^T when it returns). A
+    fresh tensor a call cost page faults on every use (14 of a 512-token step's ~190 ms on
+    SmolLM2's 120 products), and the allocator kept the churn as resident memory."""
+    buf = _expansions.get(dtype)
+    if buf is None or buf.numel() < numel:
+        buf = _expansions[dtype] = torch.empty(numel, dtype=dtype)
+    return buf
+
+
 class PanelsCPU(nn.Module):
     """x @ W.T for a weight W [out_features, in_features] in panels: a GGUF weight's codes
     (`PanelsCPU(codes)`) or a plain bf16 weight (`PanelsCPU.from_plain(weight)`)."""
@@ -145,9 +159,11 @@ class PanelsCPU(nn.Module):
         """Panels of a plain weight [N, K], held in bf16 (exact for a bf16 weight)."""
         return cls(plain=weight)
 
-    def expand(self, dtype: torch.dtype) -> torch.Tensor:
-        """W^T [in_features, out_features] in `dtype`."""
-        w_t = torch.empty(self.in_features, self.out_features, dtype=dtype)
+    def expand(self, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+        """W^T [in_features, out_features] in `dtype` (into `out`, a flat buffer of at least
+        that many elements, where given)."""
+        shape, numel = (self.in_features, self.out_features), self.in_features * self.out_features
+        w_t = torch.empty(shape, dtype=dtype) if out is None else out[:numel].view(shape)
         self.ops.expand_panels(w_t, self.q, self.sc, self.group, self.bits)
         return w_t
 
@@ -160,7 +176,8 @@ class PanelsCPU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] >= EXPAND_ROWS and self.expandable and native_16bit(x.dtype):
-            return torch.mm(x, self.expand(x.dtype))
+            numel = self.in_features * self.out_features
+            return torch.mm(x, self.expand(x.dtype, _expansion_buffer(numel, x.dtype)))
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
         if self.int8_activations and x.dtype != torch.float32:
             self.ops.panel_gemm_q8(out, x, self.q, self.sc, self.group, self.bits)

@@ -52,6 +52,15 @@ def test_bf16_activations_sum_in_float32_and_round_once(rows):
     assert ((got.double() - want.double()).abs() <= bound).all()
 
 
+def test_products_that_expand_one_after_another_each_use_their_own_weight():
+    """Prefill-sized products expand W^T into one shared buffer: each product's result is
+    its own weight's, whatever expanded there before (a larger weight, then a smaller)."""
+    big, small = (gguf_cpu.PanelsCPU(codes_of("Q4_1", n, 256)) for n in (96, 40))
+    x = torch.randn(gguf_cpu.EXPAND_ROWS, 256, dtype=torch.bfloat16)
+    for panels in (big, small, big, small):
+        assert torch.equal(panels(x), torch.mm(x, panels.expand(torch.bfloat16)))
+
+
 @pytest.mark.parametrize("kind", ["Q4_0", "Q8_0", "Q6_K", "Q5_K"])
 def test_the_vector_tile_equals_the_portable_loop(kind):
     codes = codes_of(kind, 50, 256)
@@ -83,12 +92,13 @@ def test_codes_of_four_bits_take_half_a_byte():
     assert four.q.numel() == n * k // 2 and eight.q.numel() == n * k
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q8_0", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q4_K", "Q4_1", "Q8_0", "Q6_K"])
 def test_expansion_and_row_lookups_are_the_dequantized_values(kind):
-    codes = codes_of(kind, 45, 256)
+    codes = codes_of(kind, 45, 256)  # two whole panels and one of 13 rows
     panels = gguf_cpu.PanelsCPU(codes)
     weight = codes.dequantize()
     assert torch.equal(panels.expand(torch.float32), weight.t())
+    assert torch.equal(panels.expand(torch.bfloat16), weight.t().to(torch.bfloat16))
     ids = torch.tensor([[44, 0], [17, 17]])
     assert torch.equal(panels.rows(ids, torch.float32), weight[ids])
     assert torch.equal(panels.rows(ids, torch.bfloat16), weight[ids].to(torch.bfloat16))
@@ -120,7 +130,9 @@ def test_prefill_products_expand_only_where_onednn_has_a_native_16bit_gemm(monke
     assert not gguf_cpu.native_16bit(torch.float32)
     panels = gguf_cpu.PanelsCPU(codes_of("Q4_1", 32, 64))
     expanded, expand = [], panels.expand
-    monkeypatch.setattr(panels, "expand", lambda dtype: expanded.append(dtype) or expand(dtype))
+    monkeypatch.setattr(
+        panels, "expand", lambda dtype, out=None: expanded.append(dtype) or expand(dtype, out)
+    )
     panels(torch.randn(gguf_cpu.EXPAND_ROWS, 64, dtype=torch.bfloat16))
     panels(torch.randn(gguf_cpu.EXPAND_ROWS, 64))
     panels(torch.randn(gguf_cpu.EXPAND_ROWS - 1, 64, dtype=torch.bfloat16))

@@ -22,8 +22,12 @@ void add_rms_norm_impl(const at::Tensor& x, const at::Tensor* residual,
     std::vector<float> h(n);
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = xp + r * xs;
-      for (int64_t i = 0; i < n; ++i)  // x + residual is a dtype-T tensor in PyTorch: round it
-        h[i] = rp ? round_t<T>(load_f(xr, i) + load_f(rp + r * rs, i)) : load_f(xr, i);
+      if (rp) {  // x + residual is a dtype-T tensor in PyTorch: round it
+        const T* rr = rp + r * rs;
+        for (int64_t i = 0; i < n; ++i) h[i] = round_t<T>(load_f(xr, i) + load_f(rr, i));
+      } else {  // (two loops: with the choice inside, the compiler left the loop scalar)
+        for (int64_t i = 0; i < n; ++i) h[i] = load_f(xr, i);
+      }
       const float ss = dot(h.data(), h.data(), n);
       const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
       T* o = op + r * n;

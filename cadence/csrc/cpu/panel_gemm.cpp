@@ -26,6 +26,8 @@
 // rows), else the portable loop.
 
 #include "panels.h"
+
+#include <type_traits>
 #if defined(__AVX512F__)
 #define CADENCE_PANEL_AVX512 1
 #endif
@@ -151,6 +153,29 @@ inline __m512 load16(const c10::Half* p) {
 }
 
 // The panel's 16 weights at column k in one register: w = v s + c (bf16: the weights).
+// The panel's 16 codes at column k as floats (Bits 4: bytes 0-7 hold rows 0-7 in their low
+// nibbles, rows 8-15 in the high; Bits 8: a byte a row).
+template <int Bits>
+inline __m512 codes16(const uint8_t* q, int64_t k) {
+  __m128i b;
+  if constexpr (Bits == 4) {
+    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8));
+    const __m128i nib = _mm_set1_epi8(15);
+    b = _mm_unpacklo_epi64(_mm_and_si128(x, nib), _mm_and_si128(_mm_srli_epi16(x, 4), nib));
+  } else {
+    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16));
+  }
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
+
+// 16 floats rounded to bf16 (to nearest even, as bf16_bits) and stored.
+inline void store_bf16x16(c10::BFloat16* o, __m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(r));
+}
+
 template <int Bits>
 inline __m512 unpack16(const uint8_t* q, int64_t k, __m512 s, __m512 c) {
   if constexpr (Bits == 32) {  // unpacked already
@@ -159,15 +184,7 @@ inline __m512 unpack16(const uint8_t* q, int64_t k, __m512 s, __m512 c) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + k * 32));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   } else {
-    __m128i b;
-    if constexpr (Bits == 4) {  // bytes 0-7: rows 0-7 in the low nibbles, 8-15 in the high
-      const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8));
-      const __m128i nib = _mm_set1_epi8(15);
-      b = _mm_unpacklo_epi64(_mm_and_si128(x, nib), _mm_and_si128(_mm_srli_epi16(x, 4), nib));
-    } else {
-      b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16));
-    }
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b)), s, c);
+    return _mm512_fmadd_ps(codes16<Bits>(q, k), s, c);
   }
 }
 
@@ -357,6 +374,16 @@ void expand_panels_impl(T* out, const int64_t* rows, int64_t R, int64_t N, int64
         const int64_t p = u / groups, g = u % groups, n0 = p * PANEL;
         const int64_t width = std::min(PANEL, N - n0);
         group_scales(sc + (p * groups + g) * 2 * PANEL, sg);
+#ifdef CADENCE_PANEL_AVX512
+        if constexpr (std::is_same_v<T, c10::BFloat16> && (Bits == 4 || Bits == 8)) {
+          if (width == PANEL) {  // v s + c as the loop below (two roundings), 16 at once
+            const __m512 s = _mm512_loadu_ps(sg), c = _mm512_loadu_ps(sg + PANEL);
+            for (int64_t k = g * group; k < (g + 1) * group; ++k)
+              store_bf16x16(out + k * N + n0, _mm512_add_ps(_mm512_mul_ps(codes16<Bits>(q + p * K * per_k, k), s), c));
+            continue;
+          }
+        }
+#endif
         for (int64_t k = g * group; k < (g + 1) * group; ++k) {
           const uint8_t* qk = q + (p * K + k) * per_k;
           T* o = out + k * N + n0;
