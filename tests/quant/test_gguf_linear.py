@@ -6,12 +6,13 @@ and the vocabulary's lookup and logits."""
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import built_in
 from test_gguf_blocks import random_blocks
 
 from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from cadence.layers.linear import ColumnParallelLinear, ColumnShard, RowParallelLinear
 from cadence.quant import gguf_cpu
-from cadence.quant.base import finish_loading, quant_scope
+from cadence.quant.base import finish_loading
 from cadence.quant.gguf import GgufQuant, GgufTensor
 from cadence.quant.gguf_blocks import BLOCKS, decode
 from cadence.quant.int4_cpu import Int4PackCPU
@@ -22,13 +23,7 @@ def gguf_tensor(kind: str, n: int, k: int, seed: int = 0) -> GgufTensor:
 
 
 def build(factory, dtype=torch.float32):
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with quant_scope(GgufQuant()):
-            return factory()
-    finally:
-        torch.set_default_dtype(prev)
+    return built_in(GgufQuant(), factory, dtype)
 
 
 @pytest.mark.parametrize("kind", sorted(BLOCKS))

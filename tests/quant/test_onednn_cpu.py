@@ -7,12 +7,13 @@ packed too, a tied vocabulary table (lookups and logits) stays plain."""
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import built_in
 
 from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from cadence.layers.linear import ColumnParallelLinear, ColumnShard, RowParallelLinear
 from cadence.loader.loader import select_quant
 from cadence.quant import gguf_cpu, onednn_cpu
-from cadence.quant.base import QuantMethod, finish_loading, quant_scope
+from cadence.quant.base import QuantMethod, finish_loading
 
 CPU = torch.device("cpu")
 needs_packing = pytest.mark.skipif(
@@ -22,13 +23,7 @@ needs_packing = pytest.mark.skipif(
 
 
 def build(factory):
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with quant_scope(onednn_cpu.PrepackedQuant()):
-            return factory()
-    finally:
-        torch.set_default_dtype(prev)
+    return built_in(onednn_cpu.PrepackedQuant(), factory, torch.bfloat16)
 
 
 def test_prepacking_is_chosen_only_for_bf16_where_onednn_has_a_bf16_gemm(tmp_path, monkeypatch):

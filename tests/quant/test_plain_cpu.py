@@ -6,12 +6,13 @@ portable loop, and the vocabulary's one table serves lookups and logits."""
 import pytest
 import torch
 import torch.nn.functional as F
+from quant_helpers import built_in
 
 from cadence.layers.embedding import VocabParallelEmbedding
 from cadence.layers.linear import ColumnParallelLinear, ColumnShard
 from cadence.loader.loader import select_quant
 from cadence.quant import gguf_cpu, plain_cpu
-from cadence.quant.base import QuantMethod, finish_loading, quant_scope
+from cadence.quant.base import QuantMethod, finish_loading
 
 pytestmark = pytest.mark.skipif(
     not gguf_cpu.available(), reason="the CPU kernels did not build here (no C++ compiler)"
@@ -61,13 +62,7 @@ def test_lookups_and_the_expansion_are_the_weight_itself():
 
 
 def build(factory):
-    prev = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with quant_scope(plain_cpu.PanelQuant()):
-            return factory()
-    finally:
-        torch.set_default_dtype(prev)
+    return built_in(plain_cpu.PanelQuant(), factory, torch.bfloat16)
 
 
 def test_a_fused_projection_loads_shard_by_shard_then_packs():
