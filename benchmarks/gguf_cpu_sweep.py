@@ -1,6 +1,7 @@
 """The CPU weight products at 1, 4, 16 and 64 rows (issue 38's kernel figures): GB/s of weight
-bytes read and GFLOP/s, for the GGUF panels (cadence/quant/gguf_cpu.py: "panels" as served,
-int8 activations for 4-bit codes; "panels-float" their float path) and torch's packed
+bytes read and GFLOP/s, for the GGUF panels (cadence/quant/gguf_cpu.py: "panels" as served:
+int8 activations, and from 16 rows the AMX-BF16 tiles where the CPU has them;
+"panels-int8" without those tiles; "panels-float" the float path) and torch's packed
 int4 kernel they replace (cadence/quant/int4_cpu.py), and for plain bf16 weights the panels
 (plain_cpu.py) against torch's F.linear, on SmolLM2-135M's shapes, set against the
 machine's measured memory bandwidth (a float32 sum over 256 MiB).
@@ -36,7 +37,7 @@ SHAPES = {  # name: (out, in, bits), SmolLM2-135M
     "lm_head": (49152, 576, 8),
 }
 ROWS = (1, 4, 16, 64)
-KERNELS = ("panels", "panels-float", "int4", "bf16-panels", "bf16-linear")
+KERNELS = ("panels", "panels-int8", "panels-float", "int4", "bf16-panels", "bf16-linear")
 
 
 def random_codes(n: int, k: int, bits: int, group: int = 32) -> Codes:
@@ -48,9 +49,10 @@ def random_codes(n: int, k: int, bits: int, group: int = 32) -> Codes:
 
 def build(kernel_name: str, codes: Codes, plain: torch.Tensor):
     """One kernel of KERNELS for a weight, as its codes and as a plain bf16 tensor."""
-    if kernel_name in ("panels", "panels-float"):
+    if kernel_name in ("panels", "panels-int8", "panels-float"):
         panels = PanelsCPU(codes)
-        panels.int8_activations &= kernel_name == "panels"
+        panels.int8_activations &= kernel_name != "panels-float"
+        panels.bf16_tiles &= kernel_name == "panels"
         return panels
     if kernel_name == "int4":
         return Int4PackCPU(to_planes(codes), torch.bfloat16)

@@ -29,6 +29,14 @@ where the CPU has them (CADENCE_CPU_AMX=0 turns them off). The price
 is the activations' rounding to 8 bits a block (bf16 itself keeps 8), so float32 models
 keep the exact float path, and CADENCE_CPU_INT8_ACTIVATIONS=0 keeps it for every dtype.
 
+From BF16_TILE_ROWS rows, where the CPU has AMX-BF16 (cadence/csrc/cpu/panel_bf16.cpp),
+bf16 activations meet the weights dequantized to bf16 in registers instead: each block of
+a panel is dequantized once and multiplied into every 16 rows by one tile product, where
+the int8 tiles finish every block in float for every row. SmolLM2's decode step at 32
+rows: 15.7 -> 9.5 ms of layer products, the head 3.5 -> 2.0 ms; the result is what the
+prefill path's bf16 expansion computes (x times the bf16 weight, float32 sums), closer to
+the exact product than the int8 one. CADENCE_CPU_AMX=0 turns both AMX paths off.
+
 The vocabulary keeps one copy: the embedding lookup reads rows out of the LM head's panels.
 
 Plain bf16 weights take the same panels (`PanelsCPU.from_plain`, 16-bit "codes" with no
@@ -58,6 +66,12 @@ EXPAND_BYTES = 16 * 2**20
 # "0" turns it off.
 INT8_ACTIVATIONS = os.environ.get("CADENCE_CPU_INT8_ACTIVATIONS", "1") != "0"
 INT8_BLOCK = 32  # columns an activation's int8 scale covers: the groups must be multiples
+# From this many bf16 rows, products take the AMX-BF16 tiles where there are some (at 16
+# rows they cost what the int8 tiles do, at 32 40-45 % less: benchmarks/RESULTS.md).
+BF16_TILE_ROWS = 16
+# ...and up to this many, rather than expanding W^T for oneDNN: they beat it by 1.3-2x at
+# 64 rows and 1.2-1.5x at 128, lose at 256 (a 48-row pass dequantizes every block again).
+BF16_TILE_EXPAND_ROWS = 192
 
 
 @functools.cache
@@ -153,6 +167,11 @@ class PanelsCPU(nn.Module):
             and self.group % INT8_BLOCK == 0
             and self.ops.panel_q8_available(self.bits)
         )
+        self.bf16_tiles = (
+            self.bits in (4, 8)
+            and self.group % INT8_BLOCK == 0
+            and self.ops.panel_bf16_available(self.bits)
+        )
 
     @classmethod
     def from_plain(cls, weight: torch.Tensor) -> PanelsCPU:
@@ -174,12 +193,25 @@ class PanelsCPU(nn.Module):
         self.ops.panel_rows(out, self.q, self.sc, flat, self.out_features, self.group, self.bits)
         return out.view(*index.shape, self.in_features)
 
+    def expand_rows(self, dtype: torch.dtype) -> int | None:
+        """From how many rows a product in `dtype` expands W^T for oneDNN's GEMM (None:
+        never: no native 16-bit GEMM, or W^T too large)."""
+        if not (self.expandable and native_16bit(dtype)):
+            return None
+        return BF16_TILE_EXPAND_ROWS if self._tiles(dtype) else EXPAND_ROWS
+
+    def _tiles(self, dtype: torch.dtype) -> bool:
+        return self.bf16_tiles and dtype == torch.bfloat16
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= EXPAND_ROWS and self.expandable and native_16bit(x.dtype):
+        rows = x.shape[0]
+        if (expand_rows := self.expand_rows(x.dtype)) is not None and rows >= expand_rows:
             numel = self.in_features * self.out_features
             return torch.mm(x, self.expand(x.dtype, _expansion_buffer(numel, x.dtype)))
-        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
-        if self.int8_activations and x.dtype != torch.float32:
+        out = torch.empty(rows, self.out_features, dtype=x.dtype)
+        if self._tiles(x.dtype) and rows >= BF16_TILE_ROWS:
+            self.ops.panel_gemm_bf16(out, x, self.q, self.sc, self.group, self.bits)
+        elif self.int8_activations and x.dtype != torch.float32:
             self.ops.panel_gemm_q8(out, x, self.q, self.sc, self.group, self.bits)
         else:
             self.ops.panel_gemm(out, x, self.q, self.sc, self.group, self.bits, False)

@@ -39,6 +39,7 @@ def test_bf16_activations_sum_in_float32_and_round_once(rows):
     x = torch.randn(rows, 256, dtype=torch.bfloat16)
     panels = gguf_cpu.PanelsCPU(codes)
     panels.int8_activations = False  # the float path (int8 activations: tests below)
+    panels.bf16_tiles = False  # (from 16 rows the AMX-BF16 tiles would run: tests below)
     got = panels(x)
     weight = codes.dequantize().double()
     want = (x.double() @ weight.t()).to(torch.bfloat16)
@@ -56,7 +57,8 @@ def test_products_that_expand_one_after_another_each_use_their_own_weight():
     """Prefill-sized products expand W^T into one shared buffer: each product's result is
     its own weight's, whatever expanded there before (a larger weight, then a smaller)."""
     big, small = (gguf_cpu.PanelsCPU(codes_of("Q4_1", n, 256)) for n in (96, 40))
-    x = torch.randn(gguf_cpu.EXPAND_ROWS, 256, dtype=torch.bfloat16)
+    rows = big.expand_rows(torch.bfloat16) or gguf_cpu.EXPAND_ROWS
+    x = torch.randn(rows, 256, dtype=torch.bfloat16)
     for panels in (big, small, big, small):
         assert torch.equal(panels(x), torch.mm(x, panels.expand(torch.bfloat16)))
 
@@ -133,9 +135,12 @@ def test_prefill_products_expand_only_where_onednn_has_a_native_16bit_gemm(monke
     monkeypatch.setattr(
         panels, "expand", lambda dtype, out=None: expanded.append(dtype) or expand(dtype, out)
     )
-    panels(torch.randn(gguf_cpu.EXPAND_ROWS, 64, dtype=torch.bfloat16))
-    panels(torch.randn(gguf_cpu.EXPAND_ROWS, 64))
-    panels(torch.randn(gguf_cpu.EXPAND_ROWS - 1, 64, dtype=torch.bfloat16))
+    # (from more rows where the AMX-BF16 tiles take the smaller products)
+    first = gguf_cpu.BF16_TILE_EXPAND_ROWS if panels.bf16_tiles else gguf_cpu.EXPAND_ROWS
+    assert panels.expand_rows(torch.bfloat16) == (first if native else None)
+    panels(torch.randn(first, 64, dtype=torch.bfloat16))
+    panels(torch.randn(first, 64))
+    panels(torch.randn(first - 1, 64, dtype=torch.bfloat16))
     assert expanded == ([torch.bfloat16] if native else [])
 
 
@@ -198,6 +203,7 @@ def test_bf16_activations_meet_the_codes_as_int8(kind):
     codes = codes_of(kind, n, k, seed=4)
     panels = gguf_cpu.PanelsCPU(codes)
     assert panels.int8_activations
+    panels.bf16_tiles = False  # (from 16 rows they would take the product: tested below)
     weight = codes.dequantize().double()
     for rows in (1, 2, 3, 4, 5, 9, 16, 17, 33, gguf_cpu.EXPAND_ROWS - 1):
         x = torch.randn(rows, k, dtype=torch.bfloat16)
@@ -213,6 +219,29 @@ def test_bf16_activations_meet_the_codes_as_int8(kind):
         assert ((got.double() - exact).abs() <= rounding + exact.abs() * 2**-7 + 1e-3).all()
         one_at_a_time = torch.cat([panels(x[i : i + 1]) for i in range(rows)])
         assert torch.equal(got, one_at_a_time), rows
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0"])
+def test_bf16_tiles_multiply_by_the_weight_expanded_to_bf16(kind):
+    """The AMX-BF16 product (where the CPU and OS have the tiles): x times the weight
+    dequantized and rounded to bf16 (what the prefill path's expansion writes), float32
+    sums; every remainder of the 16-row tiles and of the passes of 48 rows. From
+    BF16_TILE_ROWS rows a bf16 product takes it, below that the int8 tiles."""
+    panels = gguf_cpu.PanelsCPU(codes_of(kind, 45, 512, seed=5))
+    if not panels.bf16_tiles:
+        pytest.skip("no AMX-BF16 tiles here (CPU, OS or CADENCE_CPU_AMX=0)")
+    w16 = panels.expand(torch.bfloat16).t().double()  # [45, 512]
+    for rows in (1, 15, 16, 17, 33, 48, 49, 100):
+        x = torch.randn(rows, 512, dtype=torch.bfloat16)
+        want = x.double() @ w16.t()
+        sums_bound = (x.double().abs() @ w16.abs().t()) * 2**-20  # float32 sums of 512
+        out = torch.empty(rows, 45)
+        panels.ops.panel_gemm_bf16(out, x, panels.q, panels.sc, panels.group, panels.bits)
+        assert ((out.double() - want).abs() <= sums_bound).all(), rows
+        got = panels(x)  # bf16 out: one more rounding
+        assert got.dtype == torch.bfloat16
+        if gguf_cpu.BF16_TILE_ROWS <= rows < gguf_cpu.BF16_TILE_EXPAND_ROWS:
+            assert torch.equal(got, out.to(torch.bfloat16)), rows
 
 
 def test_float32_and_16_column_groups_keep_the_float_path():

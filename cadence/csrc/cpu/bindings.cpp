@@ -24,6 +24,12 @@
 //   panel_gemm_q8(out, x, q, sc, group, bits)
 //                                            x W^T for 4- or 8-bit panels, x as int8
 //   panel_q8_available(bits)                 whether this build has panel_gemm_q8 for them
+//   panel_gemm_bf16(out, x, q, sc, group, bits)
+//                                            x W^T for 4- or 8-bit panels on AMX-BF16 tiles
+//   panel_bf16_available(bits)               whether this build and OS have them
+//   sample_rows(out, logits, temperature, uniform)
+//                                            greedy or temperature draws, one a row
+//   draw_rows(out, probs, uniform)           inverse-CDF draws from unnormalised weights
 //
 // Rounding follows PyTorch's unfused ops: math in float32, results rounded to the
 // activation dtype wherever PyTorch's op would write a tensor of that dtype, so bf16
@@ -51,6 +57,12 @@ void panel_rows(torch::Tensor out, torch::Tensor q, torch::Tensor sc, torch::Ten
 void panel_gemm_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor sc,
                    int64_t group, int64_t bits);
 bool panel_q8_available(int64_t bits);
+void panel_gemm_bf16(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor sc,
+                     int64_t group, int64_t bits);
+bool panel_bf16_available(int64_t bits);
+void sample_rows(torch::Tensor out, torch::Tensor logits, torch::Tensor temperature,
+                 torch::Tensor uniform);
+void draw_rows(torch::Tensor out, torch::Tensor probs, torch::Tensor uniform);
 void bind_threads(std::vector<int64_t> cores);
 }  // namespace cadence_cpu
 
@@ -67,6 +79,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_rows", &panel_rows, "rows of the panels' W");
   m.def("panel_gemm_q8", &panel_gemm_q8, "x W^T for 4- or 8-bit panels, x quantized to int8");
   m.def("panel_q8_available", &panel_q8_available, "whether panel_gemm_q8 is built for bits");
+  m.def("panel_gemm_bf16", &panel_gemm_bf16, "x W^T for 4- or 8-bit panels, AMX-BF16 tiles");
+  m.def("panel_bf16_available", &panel_bf16_available, "whether panel_gemm_bf16 runs here");
+  m.def("sample_rows", &sample_rows, "argmax or a temperature draw per row");
+  m.def("draw_rows", &draw_rows, "an inverse-CDF draw per row of unnormalised weights");
   m.def("expand_int4", &expand_int4, "expand torch's packed int4 weight as W^T [K, rows]");
 }
 

@@ -152,22 +152,6 @@ inline __m512 load16(const c10::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// The panel's 16 weights at column k in one register: w = v s + c (bf16: the weights).
-// The panel's 16 codes at column k as floats (Bits 4: bytes 0-7 hold rows 0-7 in their low
-// nibbles, rows 8-15 in the high; Bits 8: a byte a row).
-template <int Bits>
-inline __m512 codes16(const uint8_t* q, int64_t k) {
-  __m128i b;
-  if constexpr (Bits == 4) {
-    const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + k * 8));
-    const __m128i nib = _mm_set1_epi8(15);
-    b = _mm_unpacklo_epi64(_mm_and_si128(x, nib), _mm_and_si128(_mm_srli_epi16(x, 4), nib));
-  } else {
-    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + k * 16));
-  }
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-}
-
 // 16 floats rounded to bf16 (to nearest even, as bf16_bits) and stored.
 inline void store_bf16x16(c10::BFloat16* o, __m512 v) {
   const __m512i u = _mm512_castps_si512(v);
@@ -176,6 +160,7 @@ inline void store_bf16x16(c10::BFloat16* o, __m512 v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(r));
 }
 
+// The panel's 16 weights at column k in one register: w = v s + c (bf16: the weights).
 template <int Bits>
 inline __m512 unpack16(const uint8_t* q, int64_t k, __m512 s, __m512 c) {
   if constexpr (Bits == 32) {  // unpacked already

@@ -44,11 +44,6 @@
 #endif
 #if defined(CADENCE_PANEL_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define CADENCE_PANEL_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <string>
 #endif
 
 namespace cadence_cpu {
@@ -296,18 +291,6 @@ class AmxTiles {
   AmxTiles(const AmxTiles&) = delete;
   AmxTiles& operator=(const AmxTiles&) = delete;
 };
-
-// Whether this process may use the tiles: Linux lends AMX's 8 KB of state on request
-// (CADENCE_CPU_AMX=0: never ask, the VNNI tile serves every batch).
-bool amx_permitted() {
-  static const bool ok = [] {
-    const char* env = std::getenv("CADENCE_CPU_AMX");
-    if (env != nullptr && std::string(env) == "0") return false;
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                   18 /* XFEATURE_XTILEDATA */) == 0;
-  }();
-  return ok;
-}
 
 // The block `blk` of a panel against 16 rows, into the int32 sums c [16, 16]: its codes
 // laid out as B in b, then A (the rows' codes, in place) times B. Slot 0 and 1 use

@@ -1,9 +1,14 @@
-// Pinning PyTorch's intra-op (OpenMP) threads to cores.
+// Pinning PyTorch's intra-op (OpenMP) threads to cores; asking Linux for the AMX tiles.
 
 #include "common.h"
 
 #include <omp.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
 
 namespace cadence_cpu {
 
@@ -27,6 +32,25 @@ void bind_threads(std::vector<int64_t> cores) {
   }
   for (int t = 0; t < n; ++t)
     TORCH_CHECK(!failed[t], "could not pin thread ", t, " to core ", cores[t]);
+}
+
+// ---- AMX ------------------------------------------------------------------------------
+
+// Whether this process may use the AMX tiles (panel_q8.cpp, panel_bf16.cpp): Linux lends
+// their 8 KB of state on request (CADENCE_CPU_AMX=0: never ask; the VNNI and float tiles
+// then serve every batch). False on a build without AMX.
+bool amx_permitted() {
+#if defined(__AMX_TILE__) && defined(__x86_64__)
+  static const bool ok = [] {
+    const char* env = std::getenv("CADENCE_CPU_AMX");
+    if (env != nullptr && std::string(env) == "0") return false;
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                   18 /* XFEATURE_XTILEDATA */) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
 }
 
 }  // namespace cadence_cpu
