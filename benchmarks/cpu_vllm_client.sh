@@ -33,6 +33,10 @@ for name in ${ORDER:-cadence vllm}; do
       [ "$name" = cadence-bf16 ] && flags=(--quantization none --dtype bfloat16)
       # shellcheck disable=SC2206  # CADENCE_ARGS: more flags for both Cadence servers, split on spaces
       flags+=(${CADENCE_ARGS:-})
+      # Which checkout serves: a .venv that is another checkout's editable install (or a
+      # PYTHONPATH) decides it, not this folder. Said in the log and on the terminal.
+      .venv/bin/python -c 'import cadence; print("cadence served from", cadence.__path__[0])' \
+        | tee "$out/cadence_package.txt"
       .venv/bin/cadence serve --port $port --log-level warning --served-model-name smollm2 \
         "${flags[@]}" > "$log" 2>&1 & ;;
     llamacpp)
