@@ -123,6 +123,7 @@ class Sampler:
             batch.top_k is None
             and batch.top_p is None
             and batch.min_p is None
+            and logits.stride(-1) == 1
             and (ops := cpu_ops.usable(logits)) is not None
         ):
             # Temperature only (what a client that sets nothing gets): the argmax of greedy

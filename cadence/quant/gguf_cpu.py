@@ -35,7 +35,8 @@ a panel is dequantized once and multiplied into every 16 rows by one tile produc
 the int8 tiles finish every block in float for every row. SmolLM2's decode step at 32
 rows: 15.7 -> 9.5 ms of layer products, the head 3.5 -> 2.0 ms; the result is what the
 prefill path's bf16 expansion computes (x times the bf16 weight, float32 sums), closer to
-the exact product than the int8 one. CADENCE_CPU_AMX=0 turns both AMX paths off.
+the exact product than the int8 one. CADENCE_CPU_AMX=0 turns both AMX paths off;
+CADENCE_CPU_INT8_ACTIVATIONS=0 keeps both tile paths off (the exact float path).
 
 The vocabulary keeps one copy: the embedding lookup reads rows out of the LM head's panels.
 
@@ -69,8 +70,9 @@ INT8_BLOCK = 32  # columns an activation's int8 scale covers: the groups must be
 # From this many bf16 rows, products take the AMX-BF16 tiles where there are some (at 16
 # rows they cost what the int8 tiles do, at 32 40-45 % less: benchmarks/RESULTS.md).
 BF16_TILE_ROWS = 16
-# ...and up to this many, rather than expanding W^T for oneDNN: they beat it by 1.3-2x at
-# 64 rows and 1.2-1.5x at 128, lose at 256 (a 48-row pass dequantizes every block again).
+# ...and below this many, rather than expanding W^T for oneDNN (or, for a table too large
+# to expand, the int8 tiles): they beat the expansion by 1.3-2x at 64 rows and 1.2-1.5x at
+# 128, and lose at 256 (each 48-row pass dequantizes every block again).
 BF16_TILE_EXPAND_ROWS = 192
 
 
@@ -168,7 +170,8 @@ class PanelsCPU(nn.Module):
             and self.ops.panel_q8_available(self.bits)
         )
         self.bf16_tiles = (
-            self.bits in (4, 8)
+            INT8_ACTIVATIONS  # (off: the exact float path, whatever the dtype)
+            and self.bits in (4, 8)
             and self.group % INT8_BLOCK == 0
             and self.ops.panel_bf16_available(self.bits)
         )
@@ -209,7 +212,7 @@ class PanelsCPU(nn.Module):
             numel = self.in_features * self.out_features
             return torch.mm(x, self.expand(x.dtype, _expansion_buffer(numel, x.dtype)))
         out = torch.empty(rows, self.out_features, dtype=x.dtype)
-        if self._tiles(x.dtype) and rows >= BF16_TILE_ROWS:
+        if self._tiles(x.dtype) and BF16_TILE_ROWS <= rows < BF16_TILE_EXPAND_ROWS:
             self.ops.panel_gemm_bf16(out, x, self.q, self.sc, self.group, self.bits)
         elif self.int8_activations and x.dtype != torch.float32:
             self.ops.panel_gemm_q8(out, x, self.q, self.sc, self.group, self.bits)

@@ -41,6 +41,28 @@ def test_greedy_rows_are_the_first_index_of_the_maximum(dtype, vocab):
     assert got.tolist() == logits.float().argmax(-1).tolist()
 
 
+def test_a_nan_is_the_maximum_as_in_torch():
+    logits = torch.randn(3, 100)
+    logits[0, 20] = float("nan")
+    logits[1, 5] = logits[1, 70] = float("nan")  # the first NaN
+    got = sample_rows(logits, torch.zeros(3), torch.rand(3, dtype=torch.float64))
+    assert got.tolist() == logits.argmax(-1).tolist() == [20, 5, got[2].item()]
+
+
+def test_logits_strided_in_their_last_dimension_take_the_torch_path():
+    logits = torch.randn(40, 3).t()  # [3, 40], stride (1, 3): not the kernel's layout
+    batch = SamplingBatch(
+        temperature=torch.tensor([0.0, 1.0, 1.0]),
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        all_greedy=False,
+        generators={},
+    )
+    tokens = Sampler()(logits, batch).token_ids
+    assert tokens[0] == logits[0].argmax() and ((tokens >= 0) & (tokens < 40)).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
 def test_drawn_rows_are_the_inverse_cdf_of_the_temperature_softmax(dtype, temperature):

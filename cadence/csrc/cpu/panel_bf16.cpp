@@ -11,7 +11,8 @@
 // their cost grows with the rows; here the per-block work is the dequantization, shared by
 // every row, and a row costs one tile product. The result is x times the bf16-expanded
 // weight in float32 (oneDNN's GEMM on expand_panels' W^T computes the same, in another
-// order of sums), with no 8-bit rounding of the activations.
+// order of sums), with no 8-bit rounding of the activations. (The tiles read subnormal
+// bf16 values as zero and flush subnormal sums: the expansion keeps them.)
 
 #include "panels.h"
 
@@ -135,6 +136,7 @@ void panel_gemm_bf16(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, 
               "-bit codes here (panel_bf16_available)");
 #ifdef CADENCE_PANEL_AMX_BF16
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.is_contiguous(), "x [M, K], out [M, N]");
+  TORCH_CHECK(x.device().is_cpu() && out.device().is_cpu(), "x and out must be CPU tensors");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16, "panel_gemm_bf16 takes bf16 activations");
   TORCH_CHECK(out.size(0) == x.size(0), "out must have x's rows");
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat,

@@ -58,6 +58,10 @@ int64_t inverse_cdf(const float* w, int64_t n, const double* blocks, double u) {
   return last >= 0 ? last : n - 1;
 }
 
+// Whether v replaces m as a running maximum under torch's argmax rule: a NaN is the
+// maximum (the first NaN stays), otherwise a strictly greater value.
+inline bool beats(float v, float m) { return v > m || (v != v && m == m); }
+
 // The first index of the row's maximum (torch's argmax rule), in sixteen lanes: each lane
 // keeps its first maximum, and of the lanes holding the maximum the lowest index wins.
 template <typename T>
@@ -70,18 +74,20 @@ int64_t argmax_row(const T* x, int64_t n, float& best) {
   for (; j + L <= n; j += L)
     for (int l = 0; l < L; ++l) {
       const float v = load_f(x, j + l);
-      const bool more = v > lane_max[l];
+      const bool more = beats(v, lane_max[l]);
       lane_max[l] = more ? v : lane_max[l];
       lane_arg[l] = more ? static_cast<int32_t>(j + l) : lane_arg[l];
     }
   best = load_f(x, std::min<int64_t>(lane_arg[0], n - 1));
   int64_t arg = std::min<int64_t>(lane_arg[0], n - 1);
-  for (int l = 1; l < L && l < n; ++l)
-    if (lane_max[l] > best || (lane_max[l] == best && lane_arg[l] < arg))
+  for (int l = 1; l < L && l < n; ++l) {
+    const bool tie = lane_max[l] == best || (lane_max[l] != lane_max[l] && best != best);
+    if (beats(lane_max[l], best) || (tie && lane_arg[l] < arg))
       best = lane_max[l], arg = lane_arg[l];
+  }
   for (; j < n; ++j) {
     const float v = load_f(x, j);
-    if (v > best) best = v, arg = j;
+    if (beats(v, best)) best = v, arg = j;
   }
   return arg;
 }
