@@ -22,6 +22,18 @@ def sample_rows(logits, temperature, uniform) -> torch.Tensor:
     return out
 
 
+def temperature_batch(temperature: torch.Tensor) -> SamplingBatch:
+    """Rows shaped by their temperature alone (0: greedy), no seeds."""
+    return SamplingBatch(
+        temperature=temperature,
+        top_k=None,
+        top_p=None,
+        min_p=None,
+        all_greedy=False,
+        generators={},
+    )
+
+
 def reference_draw(weights: torch.Tensor, u: float) -> int:
     """The first index whose float64 running sum exceeds u times the total."""
     cdf = weights.double().cumsum(0)
@@ -51,14 +63,7 @@ def test_a_nan_is_the_maximum_as_in_torch():
 
 def test_logits_strided_in_their_last_dimension_take_the_torch_path():
     logits = torch.randn(40, 3).t()  # [3, 40], stride (1, 3): not the kernel's layout
-    batch = SamplingBatch(
-        temperature=torch.tensor([0.0, 1.0, 1.0]),
-        top_k=None,
-        top_p=None,
-        min_p=None,
-        all_greedy=False,
-        generators={},
-    )
+    batch = temperature_batch(torch.tensor([0.0, 1.0, 1.0]))
     tokens = Sampler()(logits, batch).token_ids
     assert tokens[0] == logits[0].argmax() and ((tokens >= 0) & (tokens < 40)).all()
 
@@ -123,15 +128,7 @@ def test_the_sampler_gives_the_same_draws_with_and_without_the_kernel(monkeypatc
     g = torch.Generator().manual_seed(11)
     rows, vocab = 24, 2048
     logits = torch.randn(rows, vocab, generator=g).bfloat16() * 4
-    temperature = torch.tensor([0.0, 0.7, 1.0] * 8)
-    batch = SamplingBatch(
-        temperature=temperature,
-        top_k=None,
-        top_p=None,
-        min_p=None,
-        all_greedy=False,
-        generators={},
-    )
+    batch = temperature_batch(torch.tensor([0.0, 0.7, 1.0] * 8))
     torch.manual_seed(5)
     fused = Sampler()(logits, batch).token_ids
     monkeypatch.setattr(sampler_module.cpu_ops, "usable", lambda x: None)
