@@ -16,6 +16,10 @@
 #                  (2 API processes) with the engine's step times, and offline at C=256
 #                  and 256 x 1,024 -> 256 (the bound's cost where prefill dominates; CAP_LONG=0
 #                  skips it)
+#   PARTS=defaults `cadence serve`'s GPU defaults (prompt tokens beside decodes bounded, mixed
+#                  steps in graphs) at C=1 and 256 with the engine's step times, the settings
+#                  before them at 256, and --max-num-seqs 512 at C=512; offline at C=256 and
+#                  512 beside them (served / offline, ITL p99 against TPOT p50)
 # Results (JSON) and logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-h200-out}
@@ -45,6 +49,22 @@ if has served; then
     --step-timeline-size 4096" \
     --api-server-count "$COUNTS" --concurrency "$CONC" --steps --json "$OUT/served.json" \
     2>&1 | tee "$OUT/served.log"
+fi
+
+if has defaults; then
+  served() {  # LABEL CONC SERVE-ARGS: a server of 2 API processes, one JSON row per C
+    timeout 300 python3 benchmarks/api_cpu.py --model $M --api-server-count 2 --concurrency "$2" \
+      --steps --serve-args "$COMMON --log-level warning --step-timeline-size 8192 $3" 2>&1 \
+      | grep '^{' | sed "s/^/$1 /" | tee -a "$OUT/defaults_served.log"
+  }
+  served defaults 1,256 ""
+  served before 256 "--max-prefill-tokens-while-decoding 0 --no-cuda-graph-prefill"
+  served defaults-seqs512 512 "--max-num-seqs 512"
+  for c in 256 512; do
+    "${CLI[@]}" bench throughput --model $M $COMMON --num-prompts $(( 2 * c )) --input-len 128 \
+      --output-len 256 --max-num-seqs $c --log-level warning 2>&1 | grep -E "Throughput" \
+      | sed "s/^/offline c=$c: /" | tee -a "$OUT/defaults_offline.log"
+  done
 fi
 
 bench_line() {  # FILE LABEL: one line of a `bench serve --save-json` summary

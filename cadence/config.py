@@ -18,48 +18,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from cadence.config_speculative import SpeculativeConfig
+from cadence.config_values import parse_size
+
 logger = logging.getLogger(__name__)
-
-
-_SIZE_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-
-
-def json_object(text: str, name: str) -> dict:
-    """A flag's JSON object (ValueError naming the flag otherwise)."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{name} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object")
-    return value
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes from an int or a size such as '2147483648', '2GiB', '512MiB', '1.5G'."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(
-            f"{text!r} is not a size (give bytes, or a number with a unit such as 4GiB, 512MiB)"
-        )
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 @dataclass
@@ -137,10 +99,12 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = None  # tokens per step; None: 8192 on CUDA, 512 on CPU
     # While requests decode, each of their next tokens waits for the whole step: prompt
     # tokens beyond this many would stretch it to a prefill's length (a stall in every
-    # stream). 0: no bound but max_num_batched_tokens. Off by default: on the H200 (Llama-8B,
-    # benchmarks/RESULTS.md, issue 37) 2,048 took C=256's ITL p99 from 142 to 58-89 ms but
-    # cost 4-18 % of throughput where prompts dominate.
-    max_prefill_tokens_while_decoding: int = 0  # prompt tokens a step adds to decodes (0: any)
+    # stream). 0: no bound but max_num_batched_tokens. None: when `cadence serve` runs on a
+    # GPU, as many as keep a step inside the largest mixed-step graph beside max_num_seqs
+    # decodes (2,048 - 256 = 1,792 by default); offline, 0 (a batch wants throughput).
+    max_prefill_tokens_while_decoding: int | None = (
+        None  # prompt tokens a step adds to decodes (0: any; none: what fits the largest mixed-step graph beside max_num_seqs decodes when serving on a GPU, 1792 for 256, else 0)
+    )
     max_num_seqs: int = 256  # sequences in one step at most
     max_model_len: int = 2048  # filled in from the model at start-up
     scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
@@ -153,6 +117,9 @@ class SchedulerConfig:
 # prompt tokens takes over a second, during which every running request waits for its
 # next token; 512 keeps steps near a quarter of that at the same prefill rate (issue 18).
 DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 512}
+
+# The largest prefill/mixed step captured in a CUDA graph (cadence/worker/mixed_graphs.py).
+MIXED_GRAPH_TOKENS = 2048
 
 
 @dataclass
@@ -205,79 +172,12 @@ class LoRAConfig:
             )
 
 
-SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle3")
 QUANTIZATIONS = ("auto", "none", "fp8", "gguf")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 KV_SECRET_ENV = "CADENCE_KV_TRANSFER_SECRET"
 MIN_SECRET_CHARS = 16
 # A K/V server's address (a prefill engine's; a decode engine connects to it).
 KV_ADDR = re.compile(r"tcp://(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}")
-
-
-@dataclass
-class SpeculativeConfig:
-    """Speculative decoding, in vLLM's `--speculative-config` shape (a JSON object).
-
-    Each step a proposer guesses up to `num_speculative_tokens` tokens per decoding request;
-    the target model verifies them all in one forward pass (cadence/spec_decode/)."""
-
-    method: str = "ngram"  # ngram (prompt lookup) | draft_model | eagle3
-    num_speculative_tokens: int = 4  # draft tokens proposed per request and step (k)
-    model: str | None = None  # draft_model: a smaller model (same tokenizer); eagle3: the heads
-    prompt_lookup_min: int = 2  # ngram: the shortest suffix matched, in tokens
-    prompt_lookup_max: int = 5  # ngram: the longest suffix matched, in tokens
-    # No drafts while this many requests or more run in a step: at large batches a step
-    # is compute-bound and verifying guesses costs more than it saves. None: always draft.
-    disable_by_batch_size: int | None = None
-
-    # vLLM's names for the same things, accepted as aliases.
-    _ALIASES = {"eagle-3": "eagle3", "draft": "draft_model", "[ngram]": "ngram"}
-
-    @classmethod
-    def parse(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
-        """From a dict, a JSON string (the CLI flag) or an instance; None stays None."""
-        if value is None or isinstance(value, SpeculativeConfig):
-            return value
-        if isinstance(value, str):
-            value = json_object(value, "speculative_config")
-        if not isinstance(value, dict):
-            raise ValueError("speculative_config must be a JSON object")
-        value = dict(value)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - names)
-        if unknown:
-            raise ValueError(f"unknown speculative_config key(s) {unknown}; known: {sorted(names)}")
-        if "method" not in value:
-            # vLLM infers the method: a draft model if one is named, else n-gram lookup.
-            value["method"] = "draft_model" if value.get("model") else "ngram"
-        value["method"] = cls._ALIASES.get(value["method"], value["method"])
-        if "num_speculative_tokens" not in value:
-            raise ValueError("speculative_config needs num_speculative_tokens")
-        return cls(**value)
-
-    def validate(self) -> None:
-        if self.method not in SPECULATIVE_METHODS:
-            raise ValueError(
-                f"unknown speculative method {self.method!r}; use one of {SPECULATIVE_METHODS}"
-            )
-        if not isinstance(self.num_speculative_tokens, int) or not (
-            1 <= self.num_speculative_tokens <= 16
-        ):
-            raise ValueError("num_speculative_tokens must be an integer from 1 to 16")
-        if self.method != "ngram" and not self.model:
-            raise ValueError(f"speculative method {self.method} needs a model (its checkpoint)")
-        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
-        if self.disable_by_batch_size is not None and self.disable_by_batch_size < 1:
-            raise ValueError("disable_by_batch_size must be positive")
-
-    def describe(self) -> str:
-        what = (
-            self.model
-            if self.method != "ngram"
-            else (f"n = {self.prompt_lookup_min}..{self.prompt_lookup_max}")
-        )
-        return f"{self.method} ({what}), k = {self.num_speculative_tokens}"
 
 
 @dataclass
@@ -295,9 +195,16 @@ class EngineConfig:
     # Largest decode batch captured in a CUDA graph (and never above max_num_seqs, 256 by
     # default): a server run with --max-num-seqs 512 decodes 512 at once in graphs too.
     max_cuda_graph_batch_size: int = 512
-    # Halves a short prompt's time to first token, but measured 3 % slower batch-1 decode
-    # steps (benchmarks/RESULTS.md, issue 13): off by default.
-    cuda_graph_prefill: bool = False  # CUDA graphs of prefill/mixed steps up to 2048 tokens
+    # Halves a short prompt's time to first token and keeps steps that mix prompt chunks with
+    # decodes short under load (an eager one waited 25-35 ms on launches on a busy H200 host),
+    # but measured 3 % slower batch-1 decode steps (benchmarks/RESULTS.md, issue 13). None: on
+    # when `cadence serve` runs on a GPU, off offline.
+    cuda_graph_prefill: bool | None = (
+        None  # CUDA graphs of prefill/mixed steps up to 2048 tokens (auto: on when serving on a GPU)
+    )
+    # Set by `cadence serve`: defaults that favour streams' inter-token latency over an
+    # offline batch's throughput (the two fields above).
+    serving: bool = False  # (internal) this engine answers a server's streams
     check_kv_integrity: bool = False  # after every step (tests)
     step_timeline_size: int = 1024  # steps whose phase times the engine keeps (0: none)
     kv_role: str | None = None  # disaggregated serving: prefill | decode (none: both here)
@@ -331,7 +238,7 @@ class EngineConfig:
                 f"max_num_batched_tokens must be positive, got {s.max_num_batched_tokens}"
             )
         cap = s.max_prefill_tokens_while_decoding
-        if cap < 0:
+        if cap is not None and cap < 0:
             raise ValueError(f"max_prefill_tokens_while_decoding must be >= 0, got {cap}")
         if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
@@ -451,6 +358,18 @@ class EngineConfig:
             # Llama-8B: +5 % at batch 1, +13 % at batch 64). A CPU computes the forward on
             # the calling thread, so there is nothing to overlap.
             sc.async_scheduling = device_type == "cuda"
+        # A server's streams wait for every step that carries prompt tokens. On the H200
+        # (Llama-8B, C=256, 128 -> 256; RESULTS, issue 37) mixed steps in graphs with at most
+        # 2,048 prompt tokens beside the decodes (graphs captured to 2,560 tokens there) took
+        # ITL p99 from 129 to 62 ms at the same output tok/s (19,374 against 19,245); the
+        # default bound keeps such a step inside the largest graph captured here. An offline
+        # batch keeps the whole budget: nobody streams, and prompts dominate its time.
+        streams_on_gpu = self.serving and device_type == "cuda"
+        if sc.max_prefill_tokens_while_decoding is None:
+            fits_graph = max(512, MIXED_GRAPH_TOKENS - sc.max_num_seqs)
+            sc.max_prefill_tokens_while_decoding = fits_graph if streams_on_gpu else 0
+        if self.cuda_graph_prefill is None:
+            self.cuda_graph_prefill = streams_on_gpu
         if self.speculative is not None and sc.async_scheduling:
             # The next step's drafts depend on how many of this step's were accepted.
             logger.info("speculative decoding runs synchronous steps (no async scheduling)")

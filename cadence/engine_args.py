@@ -45,7 +45,11 @@ _SECTIONS: tuple[tuple[str, type], ...] = (
 )
 
 # Set by the engine at start-up, not by users.
-_INTERNAL_FIELDS = {("scheduler", "max_model_len"), ("parallel", "distributed_init_port")}
+_INTERNAL_FIELDS = {
+    ("scheduler", "max_model_len"),
+    ("parallel", "distributed_init_port"),
+    ("engine", "serving"),
+}
 
 # Short spellings users know from vLLM.
 _SHORT_FLAGS = {"tensor_parallel_size": "-tp"}
@@ -65,16 +69,22 @@ _FIELD_TYPES: dict[str, typing.Callable[[str], object]] = {"kv_cache_memory": pa
 
 @functools.cache
 def _field_comments(cls: type) -> dict[str, str]:
-    """field name -> the `# comment` after it in the class body (the flag's help)."""
+    """field name -> the `# comment` after it in the class body (the flag's help), also
+    where a long one made the formatter wrap the default: `name: T = (` then `value  # ...`."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
     out = {}
+    wrapped = None  # a field whose default opened a parenthesis on its own line
     for line in source.splitlines():
         m = re.match(r"\s+(\w+)\s*:[^#]*#\s*(.+)$", line)
         if m:
             out[m.group(1)] = m.group(2).strip()
+        elif wrapped and (c := re.match(r"[^#]*#\s*(.+)$", line)):
+            out[wrapped] = c.group(1).strip()
+        opened = re.match(r"\s+(\w+)\s*:[^#=]*=\s*\($", line)
+        wrapped = opened.group(1) if opened else None
     return out
 
 

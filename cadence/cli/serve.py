@@ -176,6 +176,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         return run_data_parallel(args, kwargs)
     config = EngineConfig.from_kwargs(**kwargs)
+    config.serving = True  # defaults for streams (EngineConfig.fill_defaults)
     count = args.api_server_count
     if count is None:
         from cadence.entrypoints.api_servers import default_api_server_count

@@ -131,12 +131,18 @@ class EngineCore:
         window = f", {window}" if window else ""
         if config.speculative is not None:
             logger.info("speculative decoding: %s", config.speculative.describe())
+        sc = config.scheduler
+        bound = sc.max_prefill_tokens_while_decoding
+        bound = f", <= {bound} prompt tokens beside decodes" if bound else ""
         logger.info(
-            "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s%s)",
+            "engine ready in %.1f s (max_model_len %d, prefix cache %s, scheduling policy %s, "
+            "%d tokens a step%s%s)",
             time.perf_counter() - t0,
             self.max_model_len,
             cache_kind,
-            config.scheduler.scheduling_policy,
+            sc.scheduling_policy,
+            sc.max_num_batched_tokens,
+            bound,
             window,
         )
 

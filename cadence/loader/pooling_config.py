@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import os
 
-from cadence.config import ModelConfig, PoolingSpec, json_object
+from cadence.config import ModelConfig, PoolingSpec
+from cadence.config_values import json_object
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 _ST_MODULES = {"Transformer", "Pooling", "Normalize"}

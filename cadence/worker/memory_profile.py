@@ -11,7 +11,7 @@ import torch
 from cadence.attention.base import AttentionMetadata
 from cadence.distributed.communication import min_over_ranks
 from cadence.layers.sampler import SamplingBatch
-from cadence.worker.mixed_graphs import largest_bucket
+from cadence.worker.mixed_graphs import largest_bucket, mixed_step_tokens
 from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
@@ -171,7 +171,8 @@ def profile_cuda_memory(runner: RunnerParts) -> int:
     # measured step's, scaled to that many tokens.
     config = runner.config
     if not config.enforce_eager and (config.cuda_graph_prefill or runner.drafter is not None):
-        reserve += activations * largest_bucket(num_tokens) // num_tokens
+        graph_tokens = mixed_step_tokens(sc, drafting=runner.drafter is not None)
+        reserve += activations * largest_bucket(graph_tokens) // num_tokens
     budget = int(
         total * runner.config.cache.gpu_memory_utilization - used_before - activations - reserve
     )

@@ -24,11 +24,13 @@ tokens belong to no request: nothing attends for them and their rows are never r
 A step whose decodes the backend would give split-KV (long contexts beside a small
 prefill) runs eagerly: these graphs attend with kernel B alone.
 
-Off by default (`--cuda-graph-prefill` turns it on): on an H200 with Llama-3.1-8B's shape
-it takes a 128-token prompt's time to first token from 12 to 6 ms, but with these graphs
-captured, batch-1 decode steps measured 3 % slower (4.63 against 4.49 ms, the same in
-every lease), with GPU kernel time unchanged. Capture order, sharing the decode graphs'
-memory pool, fewer buckets and a frozen GC did not change it; the cause is not found yet.
+On by default where `cadence serve` runs on a GPU, off offline (`--cuda-graph-prefill` /
+`--no-cuda-graph-prefill` decide): on an H200 with Llama-3.1-8B's shape it takes a 128-token
+prompt's time to first token from 12 to 6 ms, and a step that carries a prompt chunk beside
+256 decodes stops waiting 25-35 ms on launches; but with these graphs captured, batch-1
+decode steps measured 3 % slower (4.63 against 4.49 ms, the same in every lease), with GPU
+kernel time unchanged. Capture order, sharing the decode graphs' memory pool, fewer buckets
+and a frozen GC did not change it; the cause is not found yet.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 
 from cadence.attention.base import AttentionMetadata
+from cadence.config import MIXED_GRAPH_TOKENS, SchedulerConfig
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import gc_paused
 
@@ -49,12 +52,22 @@ logger = logging.getLogger(__name__)
 # Llama-8B's shape), but eagerly they also wait 25-35 ms on launches on a busy host, and a
 # decoding request waits for the whole step. Buckets 256 apart: a step past 512 tokens fills
 # at least two thirds of its bucket.
-BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, MIXED_GRAPH_TOKENS)
 
 
 def largest_bucket(max_tokens: int) -> int:
     """The most tokens a captured step holds with a token budget of `max_tokens`."""
     return min(max_tokens, BUCKETS[-1])
+
+
+def mixed_step_tokens(sc: SchedulerConfig, drafting: bool) -> int:
+    """The largest step the graphs are for: the token budget, or, with prompt tokens bounded
+    beside decodes (and no drafts to verify), that bound plus one token a decode. A larger
+    step has no decode in it, so no stream waits on its launches: it runs eagerly."""
+    bound = sc.max_prefill_tokens_while_decoding
+    if bound and not drafting:
+        return min(sc.max_num_batched_tokens, bound + sc.max_num_seqs)
+    return sc.max_num_batched_tokens
 
 
 def _round_up(n: int, k: int) -> int:

@@ -44,7 +44,7 @@ from cadence.worker.image_feeder import ImageFeeder
 from cadence.worker.kv_groups import runner_kv_groups
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import num_kv_blocks
-from cadence.worker.mixed_graphs import MixedGraphs
+from cadence.worker.mixed_graphs import MixedGraphs, mixed_step_tokens
 from cadence.worker.pooling import PoolingState
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
@@ -166,7 +166,7 @@ class ModelRunner:
                 self.model,
                 self.backend,
                 self.device,
-                sc.max_num_batched_tokens,
+                mixed_step_tokens(sc, drafting=self.drafter is not None),
                 sc.max_num_seqs,
                 self.max_blocks_per_seq,
                 self.block_size,

@@ -1,0 +1,112 @@
+"""Defaults that depend on what the engine is for: `cadence serve` on a GPU bounds the prompt
+tokens a step takes beside decodes so that the step fits the largest mixed-step CUDA graph,
+and replays such steps in graphs (streams' inter-token latency); an offline engine, or a
+server on a CPU, keeps the whole budget for prompts."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadence.config import MIXED_GRAPH_TOKENS, EngineConfig, SchedulerConfig
+from cadence.worker.mixed_graphs import BUCKETS, mixed_step_tokens
+
+
+def _filled(device: str, serving: bool, **kwargs) -> EngineConfig:
+    config = EngineConfig.from_kwargs(model="unused", **kwargs)
+    config.serving = serving
+    config.validate()
+    config.fill_defaults(device)
+    return config
+
+
+def test_a_server_on_a_gpu_bounds_prompt_tokens_beside_decodes_in_graphs():
+    config = _filled("cuda", serving=True)
+    sc = config.scheduler
+    assert sc.max_prefill_tokens_while_decoding == 2048 - 256
+    assert config.cuda_graph_prefill is True
+    # a step of the bound's prompt tokens beside a full batch of decodes fits a graph
+    assert mixed_step_tokens(sc, drafting=False) == MIXED_GRAPH_TOKENS == BUCKETS[-1]
+
+
+@pytest.mark.parametrize("seqs, bound", [(512, 1536), (64, 1984), (1600, 512), (4096, 512)])
+def test_the_served_bound_leaves_room_for_the_decodes(seqs, bound):
+    """More sequences, fewer prompt tokens beside them; never fewer than 512."""
+    config = _filled("cuda", serving=True, max_num_seqs=seqs)
+    assert config.scheduler.max_prefill_tokens_while_decoding == bound
+
+
+@pytest.mark.parametrize("device, serving", [("cuda", False), ("cpu", True), ("cpu", False)])
+def test_offline_engines_and_cpu_servers_keep_the_whole_budget(device, serving):
+    config = _filled(device, serving)
+    assert config.scheduler.max_prefill_tokens_while_decoding == 0
+    assert config.cuda_graph_prefill is False
+
+
+@pytest.mark.parametrize("serving", [True, False])
+def test_what_the_user_set_is_kept(serving):
+    config = _filled(
+        "cuda", serving, max_prefill_tokens_while_decoding=2048, cuda_graph_prefill=False
+    )
+    assert config.scheduler.max_prefill_tokens_while_decoding == 2048
+    assert config.cuda_graph_prefill is False
+    off = _filled("cuda", serving, max_prefill_tokens_while_decoding=0, cuda_graph_prefill=True)
+    assert off.scheduler.max_prefill_tokens_while_decoding == 0
+    assert off.cuda_graph_prefill is True
+
+
+def test_serve_builds_a_serving_engine(monkeypatch):
+    """`cadence serve` hands the engine a config marked as serving (no server started)."""
+    import cadence.entrypoints.api_server as api_server
+    import cadence.entrypoints.launcher as launcher
+    from cadence.cli.main import main
+
+    seen = []
+    monkeypatch.setattr(api_server, "create_app", lambda config, options: seen.append(config))
+    monkeypatch.setattr(launcher, "serve", lambda *args: 0)
+    assert main(["serve", "--device", "cpu", "--api-server-count", "1"]) == 0
+    assert [c.serving for c in seen] == [True]
+
+
+def test_the_flag_is_not_a_users_to_set(capsys):
+    from cadence.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--serving"])
+    assert "unrecognized arguments: --serving" in capsys.readouterr().err
+
+
+def _scheduler(bound: int | None, budget: int = 8192, seqs: int = 256) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_num_batched_tokens=budget, max_num_seqs=seqs, max_prefill_tokens_while_decoding=bound
+    )
+
+
+def test_graphs_hold_the_bound_plus_a_token_a_decode():
+    """A bounded step has at most the bound's prompt tokens and one token per decode: a
+    larger one has nobody decoding, and runs eagerly."""
+    assert mixed_step_tokens(_scheduler(512), drafting=False) == 512 + 256
+    assert mixed_step_tokens(_scheduler(512, seqs=512), drafting=False) == 1024
+    assert mixed_step_tokens(_scheduler(512, budget=600), drafting=False) == 600
+
+
+@pytest.mark.parametrize("bound", [0, None])
+def test_without_a_bound_graphs_hold_the_budget(bound):
+    assert mixed_step_tokens(_scheduler(bound), drafting=False) == 8192
+
+
+def test_verify_steps_hold_the_budget():
+    """Speculative verify steps carry 1 + k tokens a request: the bound does not cap them."""
+    assert mixed_step_tokens(_scheduler(512), drafting=True) == 8192
+
+
+def test_every_flag_of_a_wrapped_field_keeps_its_help(capsys):
+    """A field whose long comment made the formatter wrap its default (`name: T = (`, then
+    `value  # help`) still lends the flag that comment."""
+    from cadence.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "what fits the largest mixed-step graph beside max_num_seqs decodes" in text
+    assert "(auto: on when serving on a GPU)" in text
+    assert "the deployment's secret (better: $CADENCE_KV_TRANSFER_SECRET)" in text
