@@ -20,6 +20,10 @@
 #                  steps in graphs) at C=1 and 256 with the engine's step times, the settings
 #                  before them at 256, and --max-num-seqs 512 at C=512; offline at C=256 and
 #                  512 beside them (served / offline, ITL p99 against TPOT p50)
+#   PARTS=burst    benchmarks/api_burst.py against `cadence serve` (2 API processes): 256
+#                  streams, then 256 requests at once, with the intake gate off
+#                  (CADENCE_INTAKE_LIMIT=0) and at its default: the streams' gaps against
+#                  the engine's steps while the burst is taken
 # Results (JSON) and logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-h200-out}
@@ -64,6 +68,18 @@ if has defaults; then
     "${CLI[@]}" bench throughput --model $M $COMMON --num-prompts $(( 2 * c )) --input-len 128 \
       --output-len 256 --max-num-seqs $c --log-level warning 2>&1 | grep -E "Throughput" \
       | sed "s/^/offline c=$c: /" | tee -a "$OUT/defaults_offline.log"
+  done
+fi
+
+if has burst; then
+  for limit in 0 8; do
+    CADENCE_INTAKE_LIMIT=$limit "${CLI[@]}" serve $M $COMMON --port 8620 --api-server-count 2 \
+      --log-level warning > "$OUT/burst_server_$limit.log" 2>&1 &
+    srv=$!
+    for _ in $(seq 600); do curl -sf localhost:8620/health >/dev/null && break; sleep 1; done
+    python3 benchmarks/api_burst.py --base-url http://127.0.0.1:8620 --streams 256 \
+      --burst 256 --rounds 4 | sed "s/^/limit=$limit /" | tee -a "$OUT/burst.log"
+    kill -TERM $srv; wait $srv
   done
 fi
 

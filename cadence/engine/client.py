@@ -37,7 +37,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import zmq
@@ -59,6 +60,12 @@ from cadence.process import ProcessByPid
 from cadence.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# Called, in the caller's context, once generate() has sent a request's every sample to the
+# engine core: the API server's intake gate lets the next request in (entrypoints/intake.py).
+request_submitted: ContextVar[Callable[[], None] | None] = ContextVar(
+    "request_submitted", default=None
+)
 
 
 # A first step that compiles Triton kernels, or a long prefill on a CPU, can keep a healthy
@@ -270,6 +277,8 @@ class AsyncEngineClient:
                     images or [],
                 )
                 await self._send_to_core([P.ADD, P.encoder.encode(req)])
+            if (submitted := request_submitted.get()) is not None:
+                submitted()
             while True:
                 await stream.event.wait()
                 stream.event.clear()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -33,6 +34,7 @@ from cadence.entrypoints.admission import Admission, SharedCounts
 from cadence.entrypoints.engine_view import install_engine_view
 from cadence.entrypoints.errors import APIError, install_error_handlers
 from cadence.entrypoints.guards import Guard
+from cadence.entrypoints.intake import IntakeGate
 from cadence.entrypoints.lora_adapters import LoRAAdapters, LoRAModule, install_lora_routes
 from cadence.entrypoints.messages_protocol import CountTokensRequest, MessagesRequest
 from cadence.entrypoints.openai_protocol import (
@@ -165,6 +167,11 @@ def create_app(
             ready.max_model_len,
             ready.num_blocks,
         )
+        # What start-up built (the tokenizer, the app, the imported libraries: some 135,000
+        # objects) lives as long as the process: a full collection that walks it stalled
+        # every stream of this process for ~155 ms (benchmarks/api_burst.py, issue 37).
+        gc.collect()
+        gc.freeze()
         tasks = [asyncio.create_task(_exit_when_engine_dies(client, state))]
         if lead:
             tasks.append(asyncio.create_task(_log_stats(client, metrics)))
@@ -179,6 +186,7 @@ def create_app(
     app = FastAPI(title="Cadence", version=cadence.__version__, lifespan=lifespan)
     app.state.cadence = state
     install_error_handlers(app)
+    app.add_middleware(IntakeGate)  # (added first: inside the guard)
     app.add_middleware(
         Guard,
         api_key=opts.api_key or os.environ.get("CADENCE_API_KEY"),
