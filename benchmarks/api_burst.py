@@ -45,7 +45,8 @@ async def one_round(session, base: str, model: str, args) -> dict:
     tasks = [asyncio.create_task(stream(session, url, long_body, t)) for t in times]
     await asyncio.sleep(args.settle_s)
     async with session.get(base + "/v1/engine/steps?limit=1") as r:
-        last = (await r.json())["steps"][-1]["id"]
+        recent = (await r.json())["steps"]  # (none: the server keeps no timeline)
+        last = recent[-1]["id"] if recent else 0
     t0 = time.perf_counter()
     await asyncio.gather(*(stream(session, url, short_body, []) for _ in range(args.burst)))
     t1 = time.perf_counter()

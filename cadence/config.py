@@ -362,14 +362,18 @@ class EngineConfig:
         # (Llama-8B, C=256, 128 -> 256; RESULTS, issue 37) mixed steps in graphs with at most
         # 2,048 prompt tokens beside the decodes (graphs captured to 2,560 tokens there) took
         # ITL p99 from 129 to 62 ms at the same output tok/s (19,374 against 19,245); the
-        # default bound keeps such a step inside the largest graph captured here. An offline
-        # batch keeps the whole budget: nobody streams, and prompts dominate its time.
+        # default bound keeps such a step inside the largest graph captured here (with up to
+        # 1,536 sequences; drafts to verify may still go past it). Without those graphs
+        # (--enforce-eager, --no-cuda-graph-prefill) a bound alone bought nothing measurable
+        # (eager mixed steps wait 25-35 ms on launches whatever their size), so none is set.
+        # An offline batch keeps the whole budget: nobody streams, prompts dominate its time.
         streams_on_gpu = self.serving and device_type == "cuda"
-        if sc.max_prefill_tokens_while_decoding is None:
-            fits_graph = max(512, MIXED_GRAPH_TOKENS - sc.max_num_seqs)
-            sc.max_prefill_tokens_while_decoding = fits_graph if streams_on_gpu else 0
         if self.cuda_graph_prefill is None:
             self.cuda_graph_prefill = streams_on_gpu
+        if sc.max_prefill_tokens_while_decoding is None:
+            graphed = streams_on_gpu and self.cuda_graph_prefill and not self.enforce_eager
+            fits_graph = max(512, MIXED_GRAPH_TOKENS - sc.max_num_seqs)
+            sc.max_prefill_tokens_while_decoding = fits_graph if graphed else 0
         if self.speculative is not None and sc.async_scheduling:
             # The next step's drafts depend on how many of this step's were accepted.
             logger.info("speculative decoding runs synchronous steps (no async scheduling)")

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from cadence.attention.base import BackendCapabilities
 from cadence.config import MIXED_GRAPH_TOKENS, EngineConfig, SchedulerConfig
-from cadence.worker.mixed_graphs import BUCKETS, mixed_step_tokens
+from cadence.worker.mixed_graphs import BUCKETS, captures_mixed_steps, mixed_step_tokens
 
 
 def _filled(device: str, serving: bool, **kwargs) -> EngineConfig:
@@ -40,6 +41,28 @@ def test_offline_engines_and_cpu_servers_keep_the_whole_budget(device, serving):
     config = _filled(device, serving)
     assert config.scheduler.max_prefill_tokens_while_decoding == 0
     assert config.cuda_graph_prefill is False
+
+
+@pytest.mark.parametrize("flags", [{"enforce_eager": True}, {"cuda_graph_prefill": False}])
+def test_a_server_without_mixed_step_graphs_gets_no_bound(flags):
+    """Eager mixed steps wait on their launches whatever their size: a bound alone buys
+    nothing measurable there."""
+    config = _filled("cuda", serving=True, **flags)
+    assert config.scheduler.max_prefill_tokens_while_decoding == 0
+
+
+def test_graphs_are_captured_only_where_the_backend_replays_them():
+    """One rule for the runner (what it captures) and the memory profile (what it reserves)."""
+    config = _filled("cuda", serving=True)
+    both = BackendCapabilities(decode_graphs=True, mixed_graphs=True)
+    assert captures_mixed_steps(config, both, drafting=False)
+    for caps in (BackendCapabilities(decode_graphs=True), BackendCapabilities()):
+        assert not captures_mixed_steps(config, caps, drafting=False)
+        assert not captures_mixed_steps(config, caps, drafting=True)
+    assert not captures_mixed_steps(_filled("cuda", serving=True, enforce_eager=True), both, False)
+    offline = _filled("cuda", serving=False)
+    assert not captures_mixed_steps(offline, both, drafting=False)
+    assert captures_mixed_steps(offline, both, drafting=True)  # verify steps replay them
 
 
 @pytest.mark.parametrize("serving", [True, False])

@@ -164,11 +164,11 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, fanout: OutputFanout, parent
         runner.image_token_id,
         runner.pixel_dtype,
     )
-    send_or_exit(fanout.broadcast, P.encoder.encode(ready))
     # Start-up's objects (the model's modules, the imported libraries: ~250,000 on a tiny
     # model) live as long as the loop; a full collection walking them would stall a step.
     gc.collect()
     gc.freeze()
+    send_or_exit(fanout.broadcast, P.encoder.encode(ready))
     try:
         code = EngineLoop(core, inbox, fanout, parent_pid).run()
     finally:

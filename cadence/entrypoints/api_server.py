@@ -178,6 +178,7 @@ def create_app(
         try:
             yield
         finally:
+            gc.unfreeze()  # (an app served in a test process: its objects may go now)
             for t in tasks:
                 t.cancel()
             prompts.shutdown()
@@ -186,7 +187,7 @@ def create_app(
     app = FastAPI(title="Cadence", version=cadence.__version__, lifespan=lifespan)
     app.state.cadence = state
     install_error_handlers(app)
-    app.add_middleware(IntakeGate)  # (added first: inside the guard)
+    app.add_middleware(IntakeGate, draining=lambda: state["draining"])  # (inside the guard)
     app.add_middleware(
         Guard,
         api_key=opts.api_key or os.environ.get("CADENCE_API_KEY"),

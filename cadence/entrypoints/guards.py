@@ -96,15 +96,9 @@ class Guard:
                 400,
                 code="host_not_allowed",
             )
-            return await _reply(err, scope, receive, send)
+            return await reply_error(err, scope, receive, send)
         if self.draining() and path not in ("/health", "/metrics"):
-            err = APIError(
-                "the server is shutting down; retry on another replica or later",
-                503,
-                "service_unavailable",
-                headers={"Retry-After": "5"},
-            )
-            return await _reply(err, scope, receive, send)
+            return await reply_error(shutting_down(), scope, receive, send)
         token = _bearer(headers)
         admin = self.admin_digest is None or _holds(token, self.admin_digest)
         user = admin or self.key_digest is None or _holds(token, self.key_digest)
@@ -116,15 +110,15 @@ class Guard:
                 "authentication_error",
                 code="invalid_api_key",
             )
-            return await _reply(err, scope, receive, send, {"WWW-Authenticate": "Bearer"})
+            return await reply_error(err, scope, receive, send, {"WWW-Authenticate": "Bearer"})
         if path in ADMIN_PATHS and not admin:
             err = APIError(
                 "this endpoint needs the admin API key", 403, "permission_error", code="admin_only"
             )
-            return await _reply(err, scope, receive, send)
+            return await reply_error(err, scope, receive, send)
         length = headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            return await _reply(self._too_large(), scope, receive, send)
+            return await reply_error(self._too_large(), scope, receive, send)
         if scope["method"] == "POST":
             ctype = headers.get("content-type", "").split(";")[0].strip().lower()
             if ctype and ctype != "application/json" and not ctype.endswith("+json"):
@@ -133,7 +127,7 @@ class Guard:
                     415,
                     code="unsupported_media_type",
                 )
-                return await _reply(err, scope, receive, send)
+                return await reply_error(err, scope, receive, send)
         if scope["method"] in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
@@ -146,11 +140,13 @@ class Guard:
                 "timeout_error",
                 code="request_timeout",
             )
-            return await _reply(err, scope, receive, send, {"Connection": "close"})
+            return await reply_error(err, scope, receive, send, {"Connection": "close"})
         except _Disconnected:
             return
         if body is None:
-            return await _reply(self._too_large(), scope, receive, send, {"Connection": "close"})
+            return await reply_error(
+                self._too_large(), scope, receive, send, {"Connection": "close"}
+            )
         await self.app(scope, _replay(body, receive), send)
 
     def _host_allowed(self, host: str | None) -> bool:
@@ -222,7 +218,18 @@ def _replay(body: bytes, receive):
     return replay
 
 
-async def _reply(err: APIError, scope: Scope, receive, send, extra: dict | None = None) -> None:
+def shutting_down() -> APIError:
+    return APIError(
+        "the server is shutting down; retry on another replica or later",
+        503,
+        "service_unavailable",
+        headers={"Retry-After": "5"},
+    )
+
+
+async def reply_error(
+    err: APIError, scope: Scope, receive, send, extra: dict | None = None
+) -> None:
     response = err.response(scope["path"])
     for k, v in (extra or {}).items():
         response.headers[k] = v

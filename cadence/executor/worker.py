@@ -18,6 +18,7 @@ stdin: the channel's keys never appear on a command line), or inside a Ray actor
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -78,6 +79,8 @@ def run_worker(spec: WorkerSpec) -> int:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         init_tensor_parallel(spec.rank, spec.size, device, spec.init_method, spec.bind_address)
         runner = ModelRunner(spec.config, spec.model_path, drafter_factory(spec.config))
+        gc.collect()  # start-up's objects out of the collector: rank 0's steps wait on this
+        gc.freeze()  # one's too (engine/core_proc.py freezes rank 0's)
         control.send(M.encode(M.Ready(spec.rank)))
         pending = deque()
         while True:

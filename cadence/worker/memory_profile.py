@@ -11,7 +11,7 @@ import torch
 from cadence.attention.base import AttentionMetadata
 from cadence.distributed.communication import min_over_ranks
 from cadence.layers.sampler import SamplingBatch
-from cadence.worker.mixed_graphs import largest_bucket, mixed_step_tokens
+from cadence.worker.mixed_graphs import captures_mixed_steps, largest_bucket, mixed_step_tokens
 from cadence.worker.runner_parts import RunnerParts
 
 logger = logging.getLogger(__name__)
@@ -170,8 +170,9 @@ def profile_cuda_memory(runner: RunnerParts) -> int:
     # The prefill/mixed-step graphs' pool holds the largest bucket's activations: the
     # measured step's, scaled to that many tokens.
     config = runner.config
-    if not config.enforce_eager and (config.cuda_graph_prefill or runner.drafter is not None):
-        graph_tokens = mixed_step_tokens(sc, drafting=runner.drafter is not None)
+    drafting = runner.drafter is not None
+    if captures_mixed_steps(config, runner.backend.capabilities, drafting):
+        graph_tokens = mixed_step_tokens(sc, drafting)
         reserve += activations * largest_bucket(graph_tokens) // num_tokens
     budget = int(
         total * runner.config.cache.gpu_memory_utilization - used_before - activations - reserve

@@ -41,8 +41,8 @@ import time
 import numpy as np
 import torch
 
-from cadence.attention.base import AttentionMetadata
-from cadence.config import MIXED_GRAPH_TOKENS, SchedulerConfig
+from cadence.attention.base import AttentionMetadata, BackendCapabilities
+from cadence.config import MIXED_GRAPH_TOKENS, EngineConfig, SchedulerConfig
 from cadence.worker.block_tables import BlockTables
 from cadence.worker.cuda_graphs import gc_paused
 
@@ -58,6 +58,14 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, MIXED_GRAPH_T
 def largest_bucket(max_tokens: int) -> int:
     """The most tokens a captured step holds with a token budget of `max_tokens`."""
     return min(max_tokens, BUCKETS[-1])
+
+
+def captures_mixed_steps(config: EngineConfig, caps: BackendCapabilities, drafting: bool) -> bool:
+    """Whether a CUDA runner captures these graphs (and the memory profile reserves their
+    pool): graphs at all, a backend whose decode and mixed steps replay, and prefill graphs
+    asked for or drafts to verify."""
+    wanted = bool(config.cuda_graph_prefill) or drafting
+    return wanted and not config.enforce_eager and caps.decode_graphs and caps.mixed_graphs
 
 
 def mixed_step_tokens(sc: SchedulerConfig, drafting: bool) -> int:

@@ -44,7 +44,7 @@ from cadence.worker.image_feeder import ImageFeeder
 from cadence.worker.kv_groups import runner_kv_groups
 from cadence.worker.kv_tensors import bind_kv_caches, kv_bytes_per_block
 from cadence.worker.memory_profile import num_kv_blocks
-from cadence.worker.mixed_graphs import MixedGraphs, mixed_step_tokens
+from cadence.worker.mixed_graphs import MixedGraphs, captures_mixed_steps, mixed_step_tokens
 from cadence.worker.pooling import PoolingState
 from cadence.worker.prompt_logprobs import PromptLogprobsState, PromptRows
 from cadence.worker.sampling_inputs import build_sampling_batch
@@ -156,17 +156,16 @@ class ModelRunner:
             )
         self.mixed_graphs: MixedGraphs | None = None
         # Verify steps (1 + k tokens a request) replay the mixed-step graphs.
-        if (
-            self.graphs is not None
-            and (config.cuda_graph_prefill or self.drafter is not None)
-            and self.backend.capabilities.mixed_graphs
+        drafting = self.drafter is not None
+        if self.graphs is not None and captures_mixed_steps(
+            config, self.backend.capabilities, drafting
         ):
             sc = config.scheduler
             self.mixed_graphs = MixedGraphs(
                 self.model,
                 self.backend,
                 self.device,
-                mixed_step_tokens(sc, drafting=self.drafter is not None),
+                mixed_step_tokens(sc, drafting),
                 sc.max_num_seqs,
                 self.max_blocks_per_seq,
                 self.block_size,
