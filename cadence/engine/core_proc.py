@@ -38,7 +38,6 @@ hang on demand.
 
 from __future__ import annotations
 
-import gc
 import logging
 import multiprocessing
 import os
@@ -49,7 +48,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from cadence.allocator import Trimmer, bound_onednn_cache, limit_arenas
+from cadence.allocator import Trimmer, bound_onednn_cache, freeze_startup_objects, limit_arenas
 from cadence.config import EngineConfig
 from cadence.engine import protocol as P
 from cadence.engine.fanout import OutputFanout, SendTimeout
@@ -164,10 +163,7 @@ def _serve(config: EngineConfig, inbox: zmq.Socket, fanout: OutputFanout, parent
         runner.image_token_id,
         runner.pixel_dtype,
     )
-    # Start-up's objects (the model's modules, the imported libraries: ~250,000 on a tiny
-    # model) live as long as the loop; a full collection walking them would stall a step.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_objects()  # (a full collection walking them would stall a step)
     send_or_exit(fanout.broadcast, P.encoder.encode(ready))
     try:
         code = EngineLoop(core, inbox, fanout, parent_pid).run()

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import cadence
+from cadence.allocator import freeze_startup_objects
 from cadence.config import EngineConfig
 from cadence.engine.client import AsyncEngineClient, EngineAttachment
 from cadence.entrypoints.admission import Admission, SharedCounts
@@ -167,11 +168,7 @@ def create_app(
             ready.max_model_len,
             ready.num_blocks,
         )
-        # What start-up built (the tokenizer, the app, the imported libraries: some 135,000
-        # objects) lives as long as the process: a full collection that walks it stalled
-        # every stream of this process for ~155 ms (benchmarks/api_burst.py, issue 37).
-        gc.collect()
-        gc.freeze()
+        freeze_startup_objects()
         tasks = [asyncio.create_task(_exit_when_engine_dies(client, state))]
         if lead:
             tasks.append(asyncio.create_task(_log_stats(client, metrics)))

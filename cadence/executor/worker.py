@@ -18,7 +18,6 @@ stdin: the channel's keys never appear on a command line), or inside a Ray actor
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 import msgspec
 import zmq
 
+from cadence.allocator import freeze_startup_objects
 from cadence.channel_auth import CurveKeys, make_client
 from cadence.config import EngineConfig
 from cadence.executor import step_messages as M
@@ -79,8 +79,7 @@ def run_worker(spec: WorkerSpec) -> int:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.size))
         init_tensor_parallel(spec.rank, spec.size, device, spec.init_method, spec.bind_address)
         runner = ModelRunner(spec.config, spec.model_path, drafter_factory(spec.config))
-        gc.collect()  # start-up's objects out of the collector: rank 0's steps wait on this
-        gc.freeze()  # one's too (engine/core_proc.py freezes rank 0's)
+        freeze_startup_objects()  # (every rank's pause would stall the step)
         control.send(M.encode(M.Ready(spec.rank)))
         pending = deque()
         while True:
