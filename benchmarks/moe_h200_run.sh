@@ -12,6 +12,10 @@
 #   PARTS="mla-tests deepseek deepseek-fp8 deepseek-tput deepseek-start"   DeepSeek-V2-Lite's
 #                              shape: the latent-attention GPU tests, batch 1 and 64,
 #                              FP8, 256 x 1,024 -> 256, start
+#   PARTS="pairs qwen1 mixtral1"   the per-pair GEMVs (cadence/ops/moe_pairs.py): their GPU
+#                              tests, then benchmarks/moe_pairs_sweep.py against the grouped
+#                              GEMMs at T <= 32 (writes "pairs" tiles into this tree's
+#                              table and $OUT where they win); then batch 1 end to end
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -58,6 +62,17 @@ if has sweep; then
   [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
   echo "   sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
+if has pairs; then
+  t0=$SECONDS
+  python3 -m pytest -q -m gpu tests/ops/test_fused_moe.py tests/worker/test_cuda_runner.py \
+    -k "fused_moe or pair" -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
+  timeout "${SWEEP_S:-400}" python3 benchmarks/moe_pairs_sweep.py --jobs 14 \
+    --table cadence/ops/moe_tiles_h200.json --out "$OUT/moe_tiles_h200.json" > "$OUT/pairs_sweep.log" 2>&1
+  grep -E "T=|compiled|wrote|Error" "$OUT/pairs_sweep.log" | tee -a "$LOG"
+  [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
+  echo "   pairs sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
+fi
+has mixtral1 && lat mixtral mixtral-8x7b 1
 has qwen && { lat qwen3 qwen3-30b-a3b 1; lat qwen3 qwen3-30b-a3b 64; }
 has qwen1 && lat qwen3 qwen3-30b-a3b 1  # (batch 1 alone: after a sweep of the thin tiles)
 has qwen1-fp8 && lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8

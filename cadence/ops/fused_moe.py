@@ -18,7 +18,9 @@ routing weight) and gate with its clamped SwiGLU (ACT_CLAMPED: g = min(gate, lim
 FP8 experts (`--quantization fp8`) keep e4m3 weights with a float32 scale per output
 channel and expert; the tiles are widened to the activations' dtype in registers (W8A16:
 the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end.
-Tile sizes come from moe_tiles (the H200 sweep's table).
+Tile sizes come from moe_tiles (the H200 sweep's table); where the table says so for a
+step's size (an entry's "pairs"), the step takes cadence/ops/moe_pairs.py's two GEMV
+launches instead of the four here.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.ops import moe_routing, moe_tiles
+from cadence.ops import moe_pairs, moe_routing, moe_tiles
 from cadence.ops.fused import gdc_wait, pdl
+from cadence.ops.moe_epilogue import gated_activation
 
 
 @triton.jit
@@ -106,16 +109,7 @@ def _grouped_gemm_kernel(
         if GATED:
             acc_up += tl.load(biases + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        # rounded to the activations' dtype first, as the projection's output would be
-        dtype = out_ptr.dtype.element_ty
-        gate = acc.to(dtype).to(tl.float32)
-        up = acc_up.to(dtype).to(tl.float32)
-        if ACT_CLAMPED:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-            acc = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
-        else:
-            acc = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up
+        acc = gated_activation(acc, acc_up, alpha, limit, out_ptr.dtype.element_ty, ACT_CLAMPED)
         out_rows = rows
     else:
         out_rows = pairs
@@ -241,6 +235,11 @@ def fused_experts(
     # (tiles by the pairs this rank's experts get: a share of the step's under EP)
     local_tokens = -(-tokens * num_experts // global_experts)
     cfg = moe_tiles.config(x.device, w13.dtype, shape, local_tokens, top_k)
+    if "pairs" in cfg:
+        return moe_pairs.pair_experts(
+            x, w13, w2, ids, weights, w13_scale, w2_scale, first_expert,
+            w13_bias, w2_bias, clamped, tiles=cfg["pairs"],
+        )  # fmt: skip
     sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
     x = x.contiguous()
     act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)

@@ -11,6 +11,10 @@ keyed by the weights' dtype and each rank's (experts, hidden, intermediate), the
 in the step: a step of T tokens takes the entry of the smallest batch >= T (the largest if
 none). BLOCK_M is shared by both GEMMs (the alignment pads runs to it); "gated" is the
 first GEMM's tile (columns of the intermediate, gate and up at once), "down" the second's.
+An entry with "pairs": {"gated": {...}, "down": {...}} (BLOCK_N, BLOCK_K, num_warps,
+num_stages each) sends steps of that size to cadence/ops/moe_pairs.py's GEMVs, one program
+per (token, slot) pair, where benchmarks/moe_pairs_sweep.py timed them faster than the
+grouped GEMMs with the entry's own tiles (kept beside, for the next sweep to compare).
 Shapes or GPUs the table does not name take `default_config`.
 """
 

@@ -1,8 +1,9 @@
-"""The Triton mixture-of-experts kernels (cadence/ops/fused_moe.py, moe_routing.py) equal
-the per-expert torch path (cadence/models/moe.py): random routings with experts that get
-no token and experts that get many, one token (a decode) to many, float32 and 16-bit,
-FP8 experts, GPT-OSS's experts (biases, clamped SwiGLU), and a rank that holds only some
-of the experts (expert parallelism). On a CPU
+"""The Triton mixture-of-experts kernels (cadence/ops/fused_moe.py, moe_routing.py, and the
+per-pair GEMVs of moe_pairs.py) equal the per-expert torch path (cadence/models/moe.py):
+random routings with experts that get no token and experts that get many, one token (a
+decode) to many, float32 and 16-bit, FP8 experts, GPT-OSS's experts (biases, clamped
+SwiGLU), and a rank that holds only some of the experts (expert parallelism); a tile
+entry's "pairs" tiles send fused_experts down the GEMVs. On a CPU
 they run under Triton's interpreter in a child process (TRITON_INTERPRET is read at
 import)."""
 
@@ -57,7 +58,7 @@ def check_routing(device: str) -> None:
 
 def check_all(device: str) -> None:
     from cadence.models.moe import FusedExperts, route
-    from cadence.ops import fused_moe
+    from cadence.ops import fused_moe, moe_pairs
     from cadence.quant.fp8_experts import quantize_experts
 
     torch.manual_seed(0)
@@ -82,14 +83,18 @@ def check_all(device: str) -> None:
             w13, w2 = ref.w13_weight, ref.w2_weight
             got = fused_moe.fused_experts(x, w13, w2, ids, weights)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            for tiles in PAIR_TILES:  # (one K pass and several, a column tile cut short)
+                got = moe_pairs.pair_experts(x, w13, w2, ids, weights, tiles=tiles)
+                torch.testing.assert_close(got, want, atol=tol, rtol=tol)
             # experts 4-7 on this rank, 0-3 on another: only the pairs routed here add
             ep = FusedExperts(num_experts, hidden, inter).to(device, dtype)
             ep.num_local, ep.first_expert = 4, 4
             ep.w13_weight.data, ep.w2_weight.data = w13[4:].clone(), w2[4:].clone()
             got = fused_moe.fused_experts(x, w13[4:], w2[4:], ids, weights, None, None, 4, 8)
-            torch.testing.assert_close(
-                got, ep.forward_reference(x, ids, weights), atol=tol, rtol=tol
-            )
+            want_ep = ep.forward_reference(x, ids, weights)
+            torch.testing.assert_close(got, want_ep, atol=tol, rtol=tol)
+            got = moe_pairs.pair_experts(x, w13[4:], w2[4:], ids, weights, None, None, 4)
+            torch.testing.assert_close(got, want_ep, atol=tol, rtol=tol)
             # FP8 experts: the same e4m3 weights and scales on both paths
             q13, s13 = quantize_experts(w13)
             q2, s2 = quantize_experts(w2)
@@ -98,16 +103,58 @@ def check_all(device: str) -> None:
             want = ref.forward_reference(x, ids, weights)
             got = fused_moe.fused_experts(x, q13, q2, ids, weights, s13, s2)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            got = moe_pairs.pair_experts(x, q13, q2, ids, weights, s13, s2, tiles=PAIR_TILES[0])
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
         check_biased_clamped(device, dtype, tol)
     empty = fused_moe.fused_experts(x[:0], w13, w2, ids[:0], weights[:0])  # no tokens
     assert empty.shape == (0, hidden)
+    assert moe_pairs.pair_experts(x[:0], w13, w2, ids[:0], weights[:0]).shape == (0, hidden)
+    check_pairs_entry_dispatch(device)
+
+
+def check_pairs_entry_dispatch(device: str) -> None:
+    """A step whose tile entry has "pairs" tiles takes the GEMVs with them."""
+    from cadence.ops import fused_moe, moe_pairs, moe_tiles
+
+    seen = []
+    real_pairs, real_config = moe_pairs.pair_experts, moe_tiles.config
+
+    def spy(*args, tiles=None):
+        seen.append(tiles)
+        return real_pairs(*args, tiles=tiles)
+
+    entry = {**moe_tiles.default_config(2, 2, 8), "pairs": PAIR_TILES[1]}
+    moe_pairs.pair_experts = spy
+    moe_tiles.config = lambda *args: entry
+    try:
+        x = torch.randn(2, 48, device=device)
+        w13, w2 = torch.randn(8, 80, 48, device=device), torch.randn(8, 48, 40, device=device)
+        ids = torch.tensor([[1, 6], [6, 2]], device=device)
+        weights = torch.rand(2, 2, device=device)
+        got = fused_moe.fused_experts(x, w13, w2, ids, weights)
+    finally:
+        moe_pairs.pair_experts, moe_tiles.config = real_pairs, real_config
+    assert seen == [PAIR_TILES[1]]
+    want = fused_moe.fused_experts(x, w13, w2, ids, weights)  # (the grouped GEMMs)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def _tile(block_n: int, block_k: int) -> dict:
+    return dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=2)
+
+
+# GEMV tiles for widths 48 and 40: one K pass (64) and several (16), columns cut short
+PAIR_TILES = [
+    {"gated": _tile(32, 64), "down": _tile(32, 64)},
+    {"gated": _tile(16, 16), "down": _tile(64, 16)},
+]
 
 
 def check_biased_clamped(device: str, dtype: torch.dtype, tol: float) -> None:
     """GPT-OSS's experts: a bias on both GEMMs (the down one before the routing weight) and
     the clamped gate, with a limit most gate and up values cross."""
     from cadence.models.moe import FusedExperts, route
-    from cadence.ops import fused_moe
+    from cadence.ops import fused_moe, moe_pairs
 
     hidden, inter, num_experts = 48, 40, 8
     ref = FusedExperts(num_experts, hidden, inter, bias=True, clamped_swiglu=(1.702, 0.3))
@@ -121,6 +168,11 @@ def check_biased_clamped(device: str, dtype: torch.dtype, tol: float) -> None:
         got = fused_moe.fused_experts(
             x, ref.w13_weight, ref.w2_weight, ids, weights,
             w13_bias=ref.w13_bias, w2_bias=ref.w2_bias, clamped=(1.702, 0.3),
+        )  # fmt: skip
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        got = moe_pairs.pair_experts(
+            x, ref.w13_weight, ref.w2_weight, ids, weights, None, None, 0,
+            ref.w13_bias, ref.w2_bias, (1.702, 0.3), tiles=PAIR_TILES[1],
         )  # fmt: skip
         torch.testing.assert_close(got, want, atol=tol, rtol=tol)
 

@@ -53,8 +53,10 @@ def test_the_kept_table_is_well_formed():
         for entries in table["shapes"].values():
             for batch, entry in entries.items():
                 assert int(batch) >= 1 and entry["BLOCK_M"] in (16, 32, 64, 128)
-                for kind in ("gated", "down"):
-                    assert set(entry[kind]) == {"BLOCK_N", "BLOCK_K", "num_warps", "num_stages"}
+                assert set(entry) <= {"BLOCK_M", "gated", "down", "pairs"}
+                for tiles in (entry, entry.get("pairs", entry)):
+                    for kind in ("gated", "down"):
+                        assert set(tiles[kind]) == {"BLOCK_N", "BLOCK_K", "num_warps", "num_stages"}
 
 
 def test_default_rows_blocks_grow_with_the_pairs_an_expert_gets():

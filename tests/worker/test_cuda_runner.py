@@ -86,6 +86,35 @@ def test_zoo_float32_greedy_equals_transformers_on_triton(kind, tiny_model_dir, 
     assert llm.engine.runner.driver.graphs.num_replays > 0
 
 
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3-moe", "gpt-oss"])
+def test_moe_pair_gemvs_in_graphs_equal_transformers(kind, tiny_model_dir, hf_model, monkeypatch):
+    """Steps of up to 4 tokens through the per-pair GEMVs (cadence/ops/moe_pairs.py, as a
+    tile table's "pairs" entry sends them), captured in decode graphs; larger steps through
+    the grouped GEMMs: transformers' greedy tokens either way."""
+    from cadence.ops import moe_pairs, moe_tiles
+
+    real_config, real_pairs, calls = moe_tiles.config, moe_pairs.pair_experts, []
+
+    def with_pairs(device, dtype, shape, tokens, top_k):
+        entry = dict(real_config(device, dtype, shape, tokens, top_k))
+        if tokens <= 4:
+            entry["pairs"] = moe_pairs.DEFAULT_TILES
+        return entry
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[0])
+        return real_pairs(*args, **kwargs)
+
+    monkeypatch.setattr(moe_tiles, "config", with_pairs)
+    monkeypatch.setattr(moe_pairs, "pair_experts", counted)
+    path = tiny_model_dir(kind)
+    prompts = make_prompts(512, [3, 40, 17, 9], seed=13)
+    expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
+    llm = float32_graphs_llm(path, max_num_seqs=4)
+    assert generate(llm, prompts) == expected
+    assert calls and max(calls) <= 4 and llm.engine.runner.driver.graphs.num_replays > 0
+
+
 def test_served_defaults_bounded_prefill_in_graphs_equal_transformers(tiny_model_dir, hf_model):
     """`cadence serve`'s GPU defaults in small: prompt tokens beside decodes bounded (24),
     mixed steps up to the bound plus a token a decode (24 + 8) replayed in graphs, larger
