@@ -112,20 +112,21 @@ class Case:
 
 def graph_us(calls: list, reps: int = 20) -> float:
     """Microseconds a call takes, replayed in one CUDA graph of all the calls (inf for a
-    tile that does not fit the GPU)."""
+    tile that does not fit the GPU or does not compile)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
     try:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for call in calls:  # (compiles, and warms the allocator before capture)
                 call()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for call in calls:
-                call()
-    except OutOfResources:
+    except (OutOfResources, triton.CompilationError) as e:
+        print(f"   skipped: {type(e).__name__}", flush=True)
         return float("inf")
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -147,7 +148,7 @@ def _compile(job: tuple) -> None:
     if (shape, fp8) not in _CASE:
         _CASE.clear()
         _CASE[(shape, fp8)] = Case(shape, fp8, 1, layers=1)
-    with contextlib.suppress(OutOfResources):
+    with contextlib.suppress(OutOfResources, triton.CompilationError):  # (never a pick)
         _CASE[(shape, fp8)].one_kernel(kind, tile)[0]()
     torch.cuda.synchronize()
 

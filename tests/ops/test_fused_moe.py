@@ -83,7 +83,9 @@ def check_all(device: str) -> None:
             w13, w2 = ref.w13_weight, ref.w2_weight
             got = fused_moe.fused_experts(x, w13, w2, ids, weights)
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-            for tiles in PAIR_TILES:  # (one K pass and several, a column tile cut short)
+            # (the one-column tile, slow under the interpreter, in one case)
+            every = dtype == torch.float32 and tokens == 5
+            for tiles in PAIR_TILES if every else PAIR_TILES[:2]:
                 got = moe_pairs.pair_experts(x, w13, w2, ids, weights, tiles=tiles)
                 torch.testing.assert_close(got, want, atol=tol, rtol=tol)
             # experts 4-7 on this rank, 0-3 on another: only the pairs routed here add
@@ -143,10 +145,12 @@ def _tile(block_n: int, block_k: int) -> dict:
     return dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, num_stages=2)
 
 
-# GEMV tiles for widths 48 and 40: one K pass (64) and several (16), columns cut short
+# GEMV tiles for widths 48 and 40: one K pass (64) and several (16), columns cut short,
+# and one column a down program (each slot's row alone)
 PAIR_TILES = [
     {"gated": _tile(32, 64), "down": _tile(32, 64)},
     {"gated": _tile(16, 16), "down": _tile(64, 16)},
+    {"gated": _tile(4, 64), "down": _tile(1, 64)},
 ]
 
 
