@@ -16,6 +16,10 @@
 #                              tests, then benchmarks/moe_pairs_sweep.py against the grouped
 #                              GEMMs at T <= 32 (writes "pairs" tiles into this tree's
 #                              table and $OUT where they win); then batch 1 end to end
+#   PARTS="groups qwen-tput mixtral-tput"   the grouped GEMMs' program order in prefill-sized
+#                              steps: benchmarks/moe_group_sweep.py writes GROUP_M into the
+#                              tiles where it wins (this tree's table and $OUT); then
+#                              256 x 1,024 -> 256 for both models
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -71,6 +75,14 @@ if has pairs; then
   grep -E "T=|compiled|wrote|Error" "$OUT/pairs_sweep.log" | tee -a "$LOG"
   [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
   echo "   pairs sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
+fi
+if has groups; then
+  t0=$SECONDS
+  timeout "${SWEEP_S:-300}" python3 benchmarks/moe_group_sweep.py \
+    --table cadence/ops/moe_tiles_h200.json --out "$OUT/moe_tiles_h200.json" > "$OUT/group_sweep.log" 2>&1
+  grep -E "T=(1024|4096|8192)|wrote|Error" "$OUT/group_sweep.log" | tee -a "$LOG"
+  [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
+  echo "   group sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
 has mixtral1 && lat mixtral mixtral-8x7b 1
 has qwen && { lat qwen3 qwen3-30b-a3b 1; lat qwen3 qwen3-30b-a3b 64; }

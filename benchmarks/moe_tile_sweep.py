@@ -12,6 +12,8 @@ those two tiles. It also reports what the default tiles (moe_tiles.default_confi
 and each entry's bytes of expert weights read per microsecond (the bandwidth a step
 reaches). Triton compiles every tile first, in --jobs processes (each compile is
 CPU-bound, ~1-2 s); the timing then runs in this one process, one kernel at a time.
+The table it writes has the default program order and no GEMVs: moe_group_sweep.py
+(GROUP_M, large steps) and moe_pairs_sweep.py (small steps) decide those on top of it.
 """
 
 from __future__ import annotations

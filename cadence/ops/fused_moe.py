@@ -35,6 +35,22 @@ from cadence.ops.moe_epilogue import gated_activation
 
 
 @triton.jit
+def _program_tile(pid, num_blocks, num_tiles, group_m):
+    """The (row block, column tile) program `pid` computes. Programs start in pid order, so
+    this decides what is in flight together: group_m row blocks across every column tile,
+    then the next group_m (row blocks first within a group). group_m = num_blocks walks
+    every row block of a column tile before the next tile (fine while A is small); a group
+    of a few blocks keeps its rows of A and its experts' weights in L2 through the group's
+    column tiles (prefill, where A is far larger than L2)."""
+    per_group = group_m * num_tiles
+    first = (pid // per_group) * group_m
+    size = tl.minimum(num_blocks - first, group_m)
+    within = pid % per_group
+    return first + within % size, within // size
+
+
+# (group_m and the block count not specialized: one variant serves every ordering and step)
+@triton.jit(do_not_specialize=["num_blocks", "group_m"])
 def _grouped_gemm_kernel(
     a_ptr,  # [rows of A, K]
     w_ptr,  # [E, N (or 2N: gate rows, then up), K]
@@ -45,6 +61,8 @@ def _grouped_gemm_kernel(
     block_expert_ptr,  # [P_max / BLOCK_M] int64
     weights_ptr,  # [T * k] routing weights (ROUTE_SCALE only)
     num_pairs,  # T * k: a sorted row naming it is padding
+    num_blocks,  # row blocks (P_max / BLOCK_M)
+    group_m,  # row blocks a group of programs walks every column tile of (_program_tile)
     N,  # output columns (gated: the intermediate size)
     K,
     stride_a,
@@ -69,7 +87,7 @@ def _grouped_gemm_kernel(
 ):
     if PDL:
         gdc_wait()
-    block = tl.program_id(0)
+    block, tile_n = _program_tile(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), group_m)
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
         return
@@ -77,7 +95,7 @@ def _grouped_gemm_kernel(
     pairs = tl.load(sorted_pairs_ptr + rows)
     real = pairs < num_pairs
     a_rows = pairs // top_k if GATED else rows  # gated: x by token; down: act by row
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     a_base = a_ptr + a_rows[:, None].to(tl.int64) * stride_a
@@ -171,11 +189,16 @@ def launch_gemm(
     **flags,
 ):
     """One grouped GEMM over the aligned rows (`flags`: GATED, ROUTE_SCALE) with `tile`
-    (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages); `bias` [E, rows of w] where the
-    experts have one, `clamped` (alpha, limit) for GPT-OSS's gate.
-    benchmarks/moe_tile_sweep.py times it tile by tile."""
+    (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, and optionally GROUP_M: row blocks a
+    group of programs walks every column tile of; absent, every row block of a column tile
+    runs before the next tile); `bias` [E, rows of w] where the experts have one, `clamped`
+    (alpha, limit) for GPT-OSS's gate. benchmarks/moe_tile_sweep.py and
+    moe_group_sweep.py time it tile by tile."""
     n = out.shape[1]
-    grid = (block_expert.numel(), triton.cdiv(n, tile["BLOCK_N"]))
+    tile = dict(tile)
+    num_blocks = block_expert.numel()
+    group_m = tile.pop("GROUP_M", None) or num_blocks
+    grid = (num_blocks * triton.cdiv(n, tile["BLOCK_N"]),)
     use_pdl = pdl(a.device)
     _grouped_gemm_kernel[grid](
         a,
@@ -187,6 +210,8 @@ def launch_gemm(
         block_expert,
         weights,
         num_pairs,
+        num_blocks,
+        min(group_m, num_blocks),
         n,
         w.shape[2],
         a.stride(0),

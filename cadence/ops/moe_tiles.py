@@ -10,7 +10,9 @@ A table from the sweep (benchmarks/moe_tile_sweep.py), kept in moe_tiles_h200.js
 keyed by the weights' dtype and each rank's (experts, hidden, intermediate), then by tokens
 in the step: a step of T tokens takes the entry of the smallest batch >= T (the largest if
 none). BLOCK_M is shared by both GEMMs (the alignment pads runs to it); "gated" is the
-first GEMM's tile (columns of the intermediate, gate and up at once), "down" the second's.
+first GEMM's tile (columns of the intermediate, gate and up at once), "down" the second's;
+a tile's optional GROUP_M (benchmarks/moe_group_sweep.py) has its programs walk that many
+row blocks across every column tile before the next ones, so a prefill's rows stay in L2.
 An entry with "pairs": {"gated": {...}, "down": {...}} (BLOCK_N, BLOCK_K, num_warps,
 num_stages each) sends steps of that size to cadence/ops/moe_pairs.py's GEMVs, one program
 per (token, slot) pair, where benchmarks/moe_pairs_sweep.py timed them faster than the

@@ -3,7 +3,8 @@ per-pair GEMVs of moe_pairs.py) equal the per-expert torch path (cadence/models/
 random routings with experts that get no token and experts that get many, one token (a
 decode) to many, float32 and 16-bit, FP8 experts, GPT-OSS's experts (biases, clamped
 SwiGLU), and a rank that holds only some of the experts (expert parallelism); a tile
-entry's "pairs" tiles send fused_experts down the GEMVs. On a CPU
+entry's "pairs" tiles send fused_experts down the GEMVs, and tiles that order their
+programs by groups of row blocks compute the same. On a CPU
 they run under Triton's interpreter in a child process (TRITON_INTERPRET is read at
 import)."""
 
@@ -112,6 +113,7 @@ def check_all(device: str) -> None:
     assert empty.shape == (0, hidden)
     assert moe_pairs.pair_experts(x[:0], w13, w2, ids[:0], weights[:0]).shape == (0, hidden)
     check_pairs_entry_dispatch(device)
+    check_row_block_groups(device)
 
 
 def check_pairs_entry_dispatch(device: str) -> None:
@@ -139,6 +141,36 @@ def check_pairs_entry_dispatch(device: str) -> None:
     assert seen == [PAIR_TILES[1]]
     want = fused_moe.fused_experts(x, w13, w2, ids, weights)  # (the grouped GEMMs)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def check_row_block_groups(device: str) -> None:
+    """Tiles with GROUP_M order the programs by groups of row blocks (one block, four with a
+    shorter last group, more than there are): every (row block, column tile) is still
+    computed once, with the same result as the default order."""
+    from cadence.models.moe import FusedExperts
+    from cadence.ops import fused_moe, moe_tiles
+
+    # two experts, each token to both: 33 rows each, 3 row blocks each, no padding block,
+    # so the last, shorter group of four holds real rows
+    x = torch.randn(33, 48, device=device)
+    w13, w2 = torch.randn(2, 80, 48, device=device), torch.randn(2, 48, 40, device=device)
+    ids = torch.tensor([[0, 1], [1, 0]], device=device).repeat(17, 1)[:33]
+    weights = torch.rand(33, 2, device=device)
+    narrow = dict(BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2)  # 3 column tiles each
+    real_config = moe_tiles.config
+    try:
+        moe_tiles.config = lambda *args: dict(BLOCK_M=16, gated=narrow, down=narrow)
+        want = fused_moe.fused_experts(x, w13, w2, ids, weights)
+        for group_m in (1, 4, 64):
+            tile = dict(narrow, GROUP_M=group_m)
+            moe_tiles.config = lambda *args, t=tile: dict(BLOCK_M=16, gated=t, down=dict(t))
+            got = fused_moe.fused_experts(x, w13, w2, ids, weights)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    finally:
+        moe_tiles.config = real_config
+    ref = FusedExperts(2, 48, 40).to(device)
+    ref.w13_weight.data, ref.w2_weight.data = w13, w2
+    torch.testing.assert_close(want, ref.forward_reference(x, ids, weights), atol=1e-4, rtol=1e-4)
 
 
 def _tile(block_n: int, block_k: int) -> dict:
