@@ -1,5 +1,5 @@
-"""A mixture of experts' routing on the GPU, one launch each, with no host sync (so a decode
-step's forward can be captured in a CUDA graph):
+"""A mixture of experts' routing on the GPU, with no host sync (so a decode step's forward
+can be captured in a CUDA graph):
 
     topk_softmax(logits, k, renormalize)   router logits [T, E] -> (weights [T, k],
                                            expert ids [T, k] int32): softmax in float32,
@@ -13,9 +13,11 @@ step's forward can be captured in a CUDA graph):
                                            -1 past the last run (its programs return at once)
 
 P_max = T * k + min(E, T * k) * (block_m - 1) bounds every routing, so shapes depend on T
-alone. Under expert parallelism a rank holds experts [first, first + E): pairs routed
-elsewhere get no row. Within an expert's run the pairs' order follows atomic arrivals; a
-row's product does not depend on its neighbours, so the results do not either.
+alone. A few pairs (decodes) align in one launch of one program; past PARALLEL_PAIRS (a
+prefill) in three launches of many programs (count, label the runs, scatter). Under expert
+parallelism a rank holds experts [first, first + E): pairs routed elsewhere get no row.
+Within an expert's run the pairs' order follows atomic arrivals; a row's product does not
+depend on its neighbours, so the results do not either.
 """
 
 from __future__ import annotations
@@ -111,6 +113,49 @@ def topk_softmax(
 
 
 @triton.jit
+def _local_experts(ids_ptr, pairs, num_pairs, num_experts, first_expert):
+    """(this rank's expert of each pair, whether the pair is real and routed here)."""
+    local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
+    return local, (pairs < num_pairs) & (local >= 0) & (local < num_experts)
+
+
+@triton.jit
+def _label_runs(
+    cursor_ptr,
+    block_expert_ptr,
+    num_experts,
+    max_rows,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCKS: tl.constexpr,
+):
+    """Pairs per expert in `cursor` -> each run's first row in `cursor`; every row block
+    labelled with the expert whose run holds it (-1 past the last run). One program."""
+    experts = tl.arange(0, E_PAD)
+    expert_ok = experts < num_experts
+    counts = tl.load(cursor_ptr + experts, mask=expert_ok, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.debug_barrier()  # every thread has read the counts before they become cursors
+    tl.store(cursor_ptr + experts, ends - padded, mask=expert_ok)
+    ends = tl.where(expert_ok, ends, max_rows + BLOCK_M)  # (lanes past E never match)
+    for b0 in range(0, max_rows // BLOCK_M, BLOCKS):  # a block's expert: runs ending before it
+        blocks = b0 + tl.arange(0, BLOCKS)
+        owner = tl.sum((ends[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(owner < num_experts, owner, -1)
+        tl.store(block_expert_ptr + blocks, owner.to(tl.int64), mask=blocks < max_rows // BLOCK_M)
+
+
+@triton.jit
+def _fill_padding(sorted_pairs_ptr, lo, hi, num_pairs, CHUNK: tl.constexpr):
+    """Rows [lo, hi) say padding (num_pairs) until a pair claims one."""
+    for r0 in range(lo, hi, CHUNK):
+        rows = r0 + tl.arange(0, CHUNK)
+        padding = tl.full((CHUNK,), num_pairs, tl.int64)  # (num_pairs may be a constant 1)
+        tl.store(sorted_pairs_ptr + rows, padding, mask=rows < hi)
+
+
+@triton.jit
 def _align_kernel(
     ids_ptr,  # [T * k] global expert ids
     sorted_pairs_ptr,  # [max_rows] int64
@@ -126,44 +171,98 @@ def _align_kernel(
     BLOCKS: tl.constexpr,  # row blocks a pass labels at once
     PDL: tl.constexpr,
 ):
-    # One program: the passes below hand their results on through `cursor`, and a barrier
-    # makes one pass's global writes visible to every thread of the next.
+    # One program (a few pairs: one launch is what costs): the passes hand their results on
+    # through `cursor`, and a barrier makes one pass's global writes visible to every
+    # thread of the next.
     if PDL:
         gdc_wait()
     experts = tl.arange(0, E_PAD)
-    expert_ok = experts < num_experts
-    tl.store(cursor_ptr + experts, tl.zeros((E_PAD,), dtype=tl.int32), mask=expert_ok)
+    tl.store(cursor_ptr + experts, tl.zeros((E_PAD,), dtype=tl.int32), mask=experts < num_experts)
     tl.debug_barrier()
     for p0 in range(0, num_pairs, CHUNK):  # pairs per expert
         pairs = p0 + tl.arange(0, CHUNK)
-        local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
-        mine = (pairs < num_pairs) & (local >= 0) & (local < num_experts)
+        local, mine = _local_experts(ids_ptr, pairs, num_pairs, num_experts, first_expert)
         tl.atomic_add(cursor_ptr + local, 1, mask=mine)
     tl.debug_barrier()
-    counts = tl.load(cursor_ptr + experts, mask=expert_ok, other=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    tl.debug_barrier()  # every thread has read the counts before they become cursors
-    tl.store(cursor_ptr + experts, ends - padded, mask=expert_ok)
-    ends = tl.where(expert_ok, ends, max_rows + BLOCK_M)  # (lanes past E never match)
-    for b0 in range(
-        0, max_rows // BLOCK_M, BLOCKS
-    ):  # a block's expert: runs ending at or before it
-        blocks = b0 + tl.arange(0, BLOCKS)
-        owner = tl.sum((ends[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), axis=1)
-        owner = tl.where(owner < num_experts, owner, -1)
-        tl.store(block_expert_ptr + blocks, owner.to(tl.int64), mask=blocks < max_rows // BLOCK_M)
-    for r0 in range(0, max_rows, CHUNK):  # every row padding until a pair claims it
-        rows = r0 + tl.arange(0, CHUNK)
-        padding = tl.full((CHUNK,), num_pairs, tl.int64)  # (num_pairs may be a constant 1)
-        tl.store(sorted_pairs_ptr + rows, padding, mask=rows < max_rows)
+    _label_runs(cursor_ptr, block_expert_ptr, num_experts, max_rows, BLOCK_M, E_PAD, BLOCKS)
+    _fill_padding(sorted_pairs_ptr, 0, max_rows, num_pairs, CHUNK)
     tl.debug_barrier()
     for p0 in range(0, num_pairs, CHUNK):  # each pair takes the next row of its run
         pairs = p0 + tl.arange(0, CHUNK)
-        local = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=-1) - first_expert
-        mine = (pairs < num_pairs) & (local >= 0) & (local < num_experts)
+        local, mine = _local_experts(ids_ptr, pairs, num_pairs, num_experts, first_expert)
         row = tl.atomic_add(cursor_ptr + local, 1, mask=mine)
         tl.store(sorted_pairs_ptr + row, pairs.to(tl.int64), mask=mine)
+
+
+# The same in three launches for many pairs (a prefill): counting and scattering in one
+# program per CHUNK pairs instead of one program's passes over them all (whose atomics
+# wait on each other: 105 us a layer at 16,384 pairs on the H200, 11 % of that step).
+
+
+@triton.jit
+def _count_kernel(
+    ids_ptr,
+    sorted_pairs_ptr,
+    cursor_ptr,  # [E] int32, zeroed: pairs per expert
+    num_pairs,
+    num_experts,
+    first_expert,
+    max_rows,
+    rows_per_program,  # of sorted_pairs, set to padding here
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+    pid = tl.program_id(0)
+    pairs = pid * CHUNK + tl.arange(0, CHUNK)
+    local, mine = _local_experts(ids_ptr, pairs, num_pairs, num_experts, first_expert)
+    tl.atomic_add(cursor_ptr + local, 1, mask=mine)
+    lo = pid * rows_per_program
+    _fill_padding(
+        sorted_pairs_ptr, lo, tl.minimum(lo + rows_per_program, max_rows), num_pairs, CHUNK
+    )
+
+
+@triton.jit
+def _runs_kernel(
+    cursor_ptr,
+    block_expert_ptr,
+    num_experts,
+    max_rows,
+    BLOCK_M: tl.constexpr,
+    E_PAD: tl.constexpr,
+    BLOCKS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+    _label_runs(cursor_ptr, block_expert_ptr, num_experts, max_rows, BLOCK_M, E_PAD, BLOCKS)
+
+
+@triton.jit
+def _scatter_kernel(
+    ids_ptr,
+    sorted_pairs_ptr,
+    cursor_ptr,  # [E] int32: each run's next free row
+    num_pairs,
+    num_experts,
+    first_expert,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:
+        gdc_wait()
+    pairs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    local, mine = _local_experts(ids_ptr, pairs, num_pairs, num_experts, first_expert)
+    row = tl.atomic_add(cursor_ptr + local, 1, mask=mine)
+    tl.store(sorted_pairs_ptr + row, pairs.to(tl.int64), mask=mine)
+
+
+# Above this many pairs a step aligns in three launches of many programs (the one-program
+# kernel takes about 6 us more per 1,024 pairs; three small launches cost about that).
+PARALLEL_PAIRS = 2048
+SCATTER_CHUNK = 256  # pairs a counting or scattering program takes
 
 
 def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -174,32 +273,43 @@ def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 def align(
-    ids: torch.Tensor, num_experts: int, block_m: int, first_expert: int = 0
+    ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    first_expert: int = 0,
+    parallel: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(sorted_pairs, block_expert) for expert ids [T, k]; experts [first_expert,
-    first_expert + num_experts) are this rank's, numbered from 0 in block_expert."""
+    first_expert + num_experts) are this rank's, numbered from 0 in block_expert.
+    `parallel`: the three-launch path (None: above PARALLEL_PAIRS pairs)."""
     flat = ids.flatten().contiguous()
     num_pairs = flat.numel()
     rows = max_rows(num_pairs, num_experts, block_m)
     sorted_pairs = torch.empty(rows, dtype=torch.int64, device=flat.device)
     block_expert = torch.empty(rows // block_m, dtype=torch.int64, device=flat.device)
-    cursor = torch.empty(num_experts, dtype=torch.int32, device=flat.device)
-    if num_pairs:
+    if not num_pairs:
+        return sorted_pairs, block_expert
+    e_pad = triton.next_power_of_2(num_experts)
+    use_pdl = pdl(flat.device)
+    runs = dict(BLOCK_M=block_m, E_PAD=e_pad, BLOCKS=max(1, 8192 // e_pad), PDL=use_pdl)
+    if not (num_pairs > PARALLEL_PAIRS if parallel is None else parallel):
+        cursor = torch.empty(num_experts, dtype=torch.int32, device=flat.device)
         _align_kernel[(1,)](
-            flat,
-            sorted_pairs,
-            block_expert,
-            cursor,
-            num_pairs,
-            num_experts,
-            first_expert,
-            rows,
-            BLOCK_M=block_m,
-            E_PAD=triton.next_power_of_2(num_experts),
-            CHUNK=1024,
-            BLOCKS=max(1, 8192 // triton.next_power_of_2(num_experts)),
-            PDL=pdl(flat.device),
-            num_warps=8,
-            launch_pdl=pdl(flat.device),
-        )
+            flat, sorted_pairs, block_expert, cursor, num_pairs, num_experts, first_expert,
+            rows, CHUNK=1024, **runs, num_warps=8, launch_pdl=use_pdl,
+        )  # fmt: skip
+        return sorted_pairs, block_expert
+    cursor = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    programs = triton.cdiv(num_pairs, SCATTER_CHUNK)
+    common = dict(CHUNK=SCATTER_CHUNK, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl)
+    _count_kernel[(programs,)](
+        flat, sorted_pairs, cursor, num_pairs, num_experts, first_expert, rows,
+        triton.cdiv(rows, programs), **common,
+    )  # fmt: skip
+    _runs_kernel[(1,)](
+        cursor, block_expert, num_experts, rows, **runs, num_warps=8, launch_pdl=use_pdl
+    )
+    _scatter_kernel[(programs,)](
+        flat, sorted_pairs, cursor, num_pairs, num_experts, first_expert, **common
+    )
     return sorted_pairs, block_expert

@@ -32,29 +32,67 @@ def check_routing(device: str) -> None:
     want_w, _ = route(logits.cpu(), 3, True, torch.float16)
     got_w, _ = moe_routing.topk_softmax(logits, 3, True, torch.float16)
     assert got_w.dtype == torch.float16 and torch.equal(got_w.cpu(), want_w)
+    for parallel in (False, True):  # one program, and the three launches of a prefill
+        check_align(device, parallel)
+    # the three launches by default past PARALLEL_PAIRS: 3,000 pairs over 60 experts
+    assert moe_routing.PARALLEL_PAIRS < 3000
+    check_align_many(device, torch.rand(500, 60, device=device).topk(6, dim=1).indices, 60, 16)
+
+
+def check_align(device: str, parallel: bool) -> None:
+    from cadence.ops import moe_routing
+
     # align: every pair once, each expert's run padded to the row block, blocks labelled
     ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
-    sorted_pairs, block_expert = moe_routing.align(ids, 8, 4)
+    sorted_pairs, block_expert = moe_routing.align(ids, 8, 4, parallel=parallel)
     rows = sorted_pairs.tolist()
     assert sorted(p for p in rows if p < 6) == list(range(6))
     assert block_expert.tolist()[:3] == [0, 1, 3] and set(block_expert.tolist()[3:]) == {-1}
     for block, expert in enumerate(block_expert.tolist()[:3]):
         pairs = [p for p in rows[block * 4 : block * 4 + 4] if p < 6]
         assert pairs and all(ids.flatten()[p] == expert for p in pairs)
-    # many pairs (passes over more than one chunk), experts not a power of two
+    # many pairs (more than one chunk, and than one program of the three launches),
+    # experts not a power of two
     ids = torch.rand(200, 60, device=device).topk(6, dim=1).indices
-    sorted_pairs, block_expert = moe_routing.align(ids, 60, 16)
-    rows, owners = sorted_pairs.tolist(), block_expert.tolist()
-    assert sorted(p for p in rows if p < 1200) == list(range(1200))
-    flat = ids.flatten().tolist()
-    for block, expert in enumerate(owners):
-        pairs = [p for p in rows[block * 16 : block * 16 + 16] if p < 1200]
-        assert all(flat[p] == expert for p in pairs) and (expert >= 0 or not pairs)
-    ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
+    check_align_many(device, ids, 60, 16, parallel=parallel)
+    # Mixtral's few experts, each with many pairs
+    ids = torch.rand(700, 8, device=device).topk(2, dim=1).indices
+    check_align_many(device, ids, 8, 64, parallel=parallel)
     # a rank holding experts 2 and 3 only: pairs routed elsewhere get no row
-    sorted_pairs, block_expert = moe_routing.align(ids, 2, 4, first_expert=2)
+    ids = torch.tensor([[3, 1], [3, 0], [1, 3]], device=device)
+    sorted_pairs, block_expert = moe_routing.align(ids, 2, 4, first_expert=2, parallel=parallel)
     assert sorted(p for p in sorted_pairs.tolist() if p < 6) == [0, 2, 5]
     assert block_expert.tolist()[0] == 1 and set(block_expert.tolist()[1:]) == {-1}
+    ids = torch.rand(300, 8, device=device).topk(3, dim=1).indices
+    sorted_pairs, block_expert = moe_routing.align(ids, 4, 16, first_expert=4, parallel=parallel)
+    flat = ids.flatten().tolist()
+    here = [p for p, e in enumerate(flat) if e >= 4]
+    assert sorted(p for p in sorted_pairs.tolist() if p < len(flat)) == here
+    for block, expert in enumerate(block_expert.tolist()):
+        pairs = [p for p in sorted_pairs.tolist()[block * 16 : block * 16 + 16] if p < len(flat)]
+        assert all(flat[p] == expert + 4 for p in pairs) and (expert >= 0 or not pairs)
+
+
+def check_align_many(device, ids, experts: int, block_m: int, parallel=None) -> None:
+    """Every pair in exactly one row, each row block's pairs all its expert's, runs padded
+    to whole blocks in expert order, and padding rows only where no pair is."""
+    from cadence.ops import moe_routing
+
+    sorted_pairs, block_expert = moe_routing.align(ids, experts, block_m, parallel=parallel)
+    num_pairs = ids.numel()
+    rows, owners, flat = sorted_pairs.tolist(), block_expert.tolist(), ids.flatten().tolist()
+    assert sorted(p for p in rows if p < num_pairs) == list(range(num_pairs))
+    assert all(p == num_pairs for p in rows if p >= num_pairs)
+    labelled = [e for e in owners if e >= 0]
+    assert labelled == sorted(labelled) and owners == labelled + [-1] * (
+        len(owners) - len(labelled)
+    )
+    for expert in range(experts):  # each run: as many blocks as its pairs need
+        count = flat.count(expert)
+        assert labelled.count(expert) == -(-count // block_m)
+    for block, expert in enumerate(owners):
+        pairs = [p for p in rows[block * block_m : (block + 1) * block_m] if p < num_pairs]
+        assert all(flat[p] == expert for p in pairs) and (expert >= 0 or not pairs)
 
 
 def check_all(device: str) -> None:
@@ -146,9 +184,10 @@ def check_pairs_entry_dispatch(device: str) -> None:
 def check_row_block_groups(device: str) -> None:
     """Tiles with GROUP_M order the programs by groups of row blocks (one block, four with a
     shorter last group, more than there are): every (row block, column tile) is still
-    computed once, with the same result as the default order."""
+    computed once, with the same result as the default order; and the same again with the
+    rows aligned by the three launches a prefill takes."""
     from cadence.models.moe import FusedExperts
-    from cadence.ops import fused_moe, moe_tiles
+    from cadence.ops import fused_moe, moe_routing, moe_tiles
 
     # two experts, each token to both: 33 rows each, 3 row blocks each, no padding block,
     # so the last, shorter group of four holds real rows
@@ -157,7 +196,7 @@ def check_row_block_groups(device: str) -> None:
     ids = torch.tensor([[0, 1], [1, 0]], device=device).repeat(17, 1)[:33]
     weights = torch.rand(33, 2, device=device)
     narrow = dict(BLOCK_N=16, BLOCK_K=32, num_warps=4, num_stages=2)  # 3 column tiles each
-    real_config = moe_tiles.config
+    real_config, real_parallel = moe_tiles.config, moe_routing.PARALLEL_PAIRS
     try:
         moe_tiles.config = lambda *args: dict(BLOCK_M=16, gated=narrow, down=narrow)
         want = fused_moe.fused_experts(x, w13, w2, ids, weights)
@@ -166,8 +205,11 @@ def check_row_block_groups(device: str) -> None:
             moe_tiles.config = lambda *args, t=tile: dict(BLOCK_M=16, gated=t, down=dict(t))
             got = fused_moe.fused_experts(x, w13, w2, ids, weights)
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        moe_routing.PARALLEL_PAIRS = 0
+        got = fused_moe.fused_experts(x, w13, w2, ids, weights)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     finally:
-        moe_tiles.config = real_config
+        moe_tiles.config, moe_routing.PARALLEL_PAIRS = real_config, real_parallel
     ref = FusedExperts(2, 48, 40).to(device)
     ref.w13_weight.data, ref.w2_weight.data = w13, w2
     torch.testing.assert_close(want, ref.forward_reference(x, ids, weights), atol=1e-4, rtol=1e-4)
