@@ -18,7 +18,8 @@ a GROUP_M faster than the default order by more than MARGIN goes into that tile 
 that is not comes out). Sizes the table has no entry for (8,192, the GPU's default step)
 get the entry they take now, as their own, only where a GROUP_M wins. Timed eagerly, back
 to back: these GEMMs take 0.1-10 ms, so launches do not count; nothing new compiles
-(GROUP_M is a run-time argument).
+(GROUP_M is a run-time argument). Each step size also reports the alignment's two paths
+(one program, or three launches past moe_routing.PARALLEL_PAIRS), timed in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from moe_pairs_sweep import entry_for
+from moe_pairs_sweep import entry_for, graph_us
 from moe_tile_sweep import BATCHES, Case, expert_shape, format_table, time_us
 
 GROUPS = (1, 2, 4, 8, 16, 32, 64)
@@ -45,11 +46,25 @@ def best_group(case: Case, block_m: int, kind: str, tile: dict) -> tuple[float, 
     return base, best_us, group
 
 
+def time_align(case: Case, block_m: int) -> str:
+    """The alignment's two paths at this step (moe_routing.PARALLEL_PAIRS picks one), each
+    timed in a CUDA graph of six calls: launches cost what they cost in a graph."""
+    from cadence.ops import moe_routing
+
+    experts = case.w13.shape[0]
+    one, three = (
+        graph_us([lambda p=p: moe_routing.align(case.ids, experts, block_m, parallel=p)] * 6)
+        for p in (False, True)
+    )
+    return f"align one program {one:.1f} us, three launches {three:.1f} us"
+
+
 def sweep_shape(entries: dict, shape: tuple, fp8: bool, batches: list[int], key: str) -> dict:
     """`entries` (one shape's, from the table) with GROUP_M decided at each of `batches`."""
     for tokens in batches:
         entry = entry_for(entries, tokens)
         case = Case(shape, fp8, tokens)
+        print(f"{key} T={tokens}: {time_align(case, entry['BLOCK_M'])}", flush=True)
         won = False
         for kind in ("gated", "down"):
             tile = dict(entry[kind])
