@@ -34,7 +34,6 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -56,6 +55,7 @@ from cadence.engine.output_processor import (
 )
 from cadence.lora_request import LoRARequest
 from cadence.multimodal.inputs import ImageInput
+from cadence.private_dirs import make_private_dir
 from cadence.process import ProcessByPid
 from cadence.sampling_params import SamplingParams
 
@@ -150,7 +150,7 @@ class AsyncEngineClient:
             self._bind(self.attach.in_addr, self.attach.out_addr)
             self._proc = ProcessByPid(self.attach.engine_pid)
         else:
-            self._dir = tempfile.mkdtemp(prefix="cadence-")  # 0700: this user's sockets only
+            self._dir = make_private_dir("cadence-")  # 0700: this user's sockets only
             self._bind(f"ipc://{self._dir}/in", f"ipc://{self._dir}/out")
             self._proc = self._spawn_core()
         try:

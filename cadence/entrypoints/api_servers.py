@@ -36,7 +36,6 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 
 import zmq
@@ -48,6 +47,7 @@ from cadence.engine.core_proc import run_engine_core
 from cadence.entrypoints.admission import SharedCounts
 from cadence.entrypoints.api_server import ServerOptions
 from cadence.metrics import MULTIPROC_DIR_ENV
+from cadence.private_dirs import make_private_dir
 
 logger = logging.getLogger("cadence.api")
 
@@ -88,7 +88,7 @@ def run_api_servers(
         logger.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
         return 1
     config.model.model = resolve_model_path(config.model.model)  # once, before N processes
-    workdir = tempfile.mkdtemp(prefix="cadence-")
+    workdir = make_private_dir("cadence-")
     metrics_dir = os.path.join(workdir, "metrics")
     os.mkdir(metrics_dir)
     os.environ[MULTIPROC_DIR_ENV] = metrics_dir  # (read by prometheus_client at its import)

@@ -19,7 +19,6 @@ import atexit
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from abc import abstractmethod
@@ -37,6 +36,7 @@ from cadence.loader.gguf import ensure_float_weights
 from cadence.loader.loader import load_hf_config
 from cadence.loader.model_path import resolve_model_path
 from cadence.platform import pick_device
+from cadence.private_dirs import make_private_dir
 from cadence.worker.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class DistributedExecutor(Executor):
         host = self._prepare()
         listen = None
         if self.same_host:  # sockets and the rendezvous in a directory only we can open
-            self._dir = tempfile.mkdtemp(prefix="cadence-tp-")
+            self._dir = make_private_dir("cadence-tp-")
             self.channel = StepChannel(self.size - 1, self._check_alive, ipc_dir=self._dir)
             init_method = f"file://{os.path.join(self._dir, 'rendezvous')}"
         else:  # over the network, on the one address the ranks reach us at

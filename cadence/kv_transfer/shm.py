@@ -11,7 +11,8 @@ named by a counter (never by anything a request says), each created exclusively 
 0600. Other users of the host cannot list, read or replace them; the decode engine must
 run as the same user. A decode engine opens only a name of that form, under /dev/shm, that
 is a regular file of its own user (no links followed). Files whose reader never released
-them go with the staging bound (oldest first) or when the prefill engine stops.
+them go with the staging bound (oldest first) or when the prefill engine stops (or, killed,
+when the next engine on the host makes its directory: cadence/private_dirs.py).
 """
 
 from __future__ import annotations
@@ -29,17 +30,19 @@ import numpy as np
 import torch
 
 from cadence.kv_transfer.tcp import Staged, TcpKVConnector, done_future
+from cadence.private_dirs import make_private_dir, name_pattern
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-# "<the engine's directory>/<counter>", as _stage names them (mkdtemp: 8 characters)
-FILE_NAME = re.compile(r"cadence-kv-[A-Za-z0-9_]{8}/[0-9]{1,12}")
+# "<the engine's directory>/<counter>", as _stage names them
+DIR_PREFIX = "cadence-kv-"
+FILE_NAME = re.compile(name_pattern(DIR_PREFIX) + "/[0-9]{1,12}")
 
 
 class ShmKVConnector(TcpKVConnector):
     keeps_until_release = True
 
     def __init__(self, *args, **kw) -> None:
-        self._dir = tempfile.mkdtemp(prefix="cadence-kv-", dir=SHM_DIR)  # mode 0700
+        self._dir = make_private_dir(DIR_PREFIX, SHM_DIR)  # mode 0700
         self._count = itertools.count()
         try:
             super().__init__(*args, **kw)
