@@ -105,6 +105,12 @@ class SchedulerConfig:
     max_prefill_tokens_while_decoding: int | None = (
         None  # prompt tokens a step adds to decodes (0: any; none: what fits the largest mixed-step graph beside max_num_seqs decodes when serving on a GPU, 1792 for 256, else 0)
     )
+    # The same bound from measured step times (cadence/core/step_pacer.py): a step beside
+    # decodes takes at most this many times a decode-only step. 0: off. None: 2.5 where the
+    # static bound is on by default (a server replaying mixed steps in GPU graphs), else off.
+    mixed_step_factor: float | None = (
+        None  # a step with prompt tokens beside decodes takes at most this many decode-only steps' time (0: off; none: 2.5 serving on a GPU)
+    )
     max_num_seqs: int = 256  # sequences in one step at most
     max_model_len: int = 2048  # filled in from the model at start-up
     scheduling_policy: str = "fcfs"  # fcfs | priority | lpm | dfs-weight
@@ -120,6 +126,14 @@ DEFAULT_BATCHED_TOKENS = {"cuda": 8192, "cpu": 512}
 
 # The largest prefill/mixed step captured in a CUDA graph (cadence/worker/mixed_graphs.py).
 MIXED_GRAPH_TOKENS = 2048
+
+# A served stream's gap when prompt tokens join its step, in decode-only steps (the pacer's
+# cap, within the static bound above). Issue 37's target is an ITL p99 within 3x the TPOT
+# p50; 2.5 leaves half a step for the API side. On the H200 (Llama-8B shape, C=256, in
+# graphs) steps of up to 2,048 prompt tokens beside 256 decodes took 46.8 ms against 11 ms
+# decode-only steps (RESULTS, issue 37); at 19 us a prompt token, 2.5 would cap them near
+# 800 tokens and 27 ms. (Not measured on a GPU yet.)
+DEFAULT_MIXED_STEP_FACTOR = 2.5
 
 
 @dataclass
@@ -240,6 +254,9 @@ class EngineConfig:
         cap = s.max_prefill_tokens_while_decoding
         if cap is not None and cap < 0:
             raise ValueError(f"max_prefill_tokens_while_decoding must be >= 0, got {cap}")
+        factor = s.mixed_step_factor
+        if factor is not None and factor != 0 and not factor > 1:  # (NaN included)
+            raise ValueError(f"mixed_step_factor must be > 1, or 0 for off; got {factor}")
         if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
         if self.kv_role not in (None, "prefill", "decode"):
@@ -370,10 +387,12 @@ class EngineConfig:
         streams_on_gpu = self.serving and device_type == "cuda"
         if self.cuda_graph_prefill is None:
             self.cuda_graph_prefill = streams_on_gpu
+        graphed = streams_on_gpu and self.cuda_graph_prefill and not self.enforce_eager
         if sc.max_prefill_tokens_while_decoding is None:
-            graphed = streams_on_gpu and self.cuda_graph_prefill and not self.enforce_eager
             fits_graph = max(512, MIXED_GRAPH_TOKENS - sc.max_num_seqs)
             sc.max_prefill_tokens_while_decoding = fits_graph if graphed else 0
+        if sc.mixed_step_factor is None:  # (eager steps' launches would read as token costs)
+            sc.mixed_step_factor = DEFAULT_MIXED_STEP_FACTOR if graphed else 0
         if self.speculative is not None and sc.async_scheduling:
             # The next step's drafts depend on how many of this step's were accepted.
             logger.info("speculative decoding runs synchronous steps (no async scheduling)")

@@ -1,14 +1,20 @@
 """Defaults that depend on what the engine is for: `cadence serve` on a GPU bounds the prompt
 tokens a step takes beside decodes so that the step fits the largest mixed-step CUDA graph,
-and replays such steps in graphs (streams' inter-token latency); an offline engine, or a
-server on a CPU, keeps the whole budget for prompts."""
+paces them from measured step times, and replays such steps in graphs (streams'
+inter-token latency); an offline engine, or a server on a CPU, keeps the whole budget for
+prompts."""
 
 from __future__ import annotations
 
 import pytest
 
 from cadence.attention.base import BackendCapabilities
-from cadence.config import MIXED_GRAPH_TOKENS, EngineConfig, SchedulerConfig
+from cadence.config import (
+    DEFAULT_MIXED_STEP_FACTOR,
+    MIXED_GRAPH_TOKENS,
+    EngineConfig,
+    SchedulerConfig,
+)
 from cadence.worker.mixed_graphs import BUCKETS, captures_mixed_steps, mixed_step_tokens
 
 
@@ -75,6 +81,24 @@ def test_what_the_user_set_is_kept(serving):
     off = _filled("cuda", serving, max_prefill_tokens_while_decoding=0, cuda_graph_prefill=True)
     assert off.scheduler.max_prefill_tokens_while_decoding == 0
     assert off.cuda_graph_prefill is True
+
+
+def test_a_server_with_mixed_step_graphs_paces_its_prompt_tokens():
+    """Where the static bound is on by default, so is the pacer (cadence/core/step_pacer.py);
+    eager mixed steps would read their launches as the price of prompt tokens."""
+    assert _filled("cuda", serving=True).scheduler.mixed_step_factor == DEFAULT_MIXED_STEP_FACTOR
+    for device, serving, flags in [
+        ("cuda", False, {}),
+        ("cpu", True, {}),
+        ("cuda", True, {"enforce_eager": True}),
+        ("cuda", True, {"cuda_graph_prefill": False}),
+    ]:
+        assert _filled(device, serving, **flags).scheduler.mixed_step_factor == 0
+    assert _filled("cpu", True, mixed_step_factor=3).scheduler.mixed_step_factor == 3
+    assert _filled("cuda", True, mixed_step_factor=0).scheduler.mixed_step_factor == 0
+    for bad in (1.0, 0.5, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="mixed_step_factor"):
+            _filled("cuda", True, mixed_step_factor=bad)
 
 
 def test_serve_builds_a_serving_engine(monkeypatch):

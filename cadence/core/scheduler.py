@@ -7,7 +7,8 @@ No phases: each step hands out a token budget (`max_num_batched_tokens`).
   2. Then waiting requests, FCFS, while budget and `max_num_seqs` last; a prompt longer than
      what is left gets a chunk now, the rest later (chunked prefill).
      While some request decodes, prompt tokens (1. and 2. together) are also bounded by
-     `max_prefill_tokens_while_decoding`: its next token waits for the whole step.
+     `max_prefill_tokens_while_decoding` (or step_pacer's lower cap): its next token waits
+     for the whole step.
   3. A running request that cannot get a block preempts a victim (lowest priority, then
      latest arrival, among those not yet scheduled this step): its blocks are freed, its
      computed tokens reset to 0, and it goes to the front of the waiting queue (recompute).
@@ -52,6 +53,7 @@ from cadence.core.scheduler_output import (
     SchedulerStats,
     SpecDecodeStats,
 )
+from cadence.core.step_pacer import StepPacer, prefill_cap
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ class Scheduler:
         self.step_count = 0
         self.remote = remote if remote is not None else NoRemotePrefills()
         self.loras = LoRASlots(num_lora_slots) if num_lora_slots else None
+        # (the engine core times the steps it runs into it: step_pacer.py)
+        self.pacer = StepPacer(config.mixed_step_factor) if config.mixed_step_factor else None
 
     # ---- queue management -------------------------------------------------------------
 
@@ -281,9 +285,10 @@ class Scheduler:
         return out
 
     def _prefill_budget(self, budget: int) -> int:
-        """Prompt tokens this step may take: `max_prefill_tokens_while_decoding` when a
-        running request decodes (its next token waits for the whole step), else the budget."""
-        cap = self.config.max_prefill_tokens_while_decoding
+        """Prompt tokens this step may take: `max_prefill_tokens_while_decoding`, or the
+        pacer's cap if lower, when a running request decodes (its next token waits for the
+        whole step), else the budget."""
+        cap = prefill_cap(self.config.max_prefill_tokens_while_decoding, self.pacer)
         if not cap or cap >= budget:
             return budget
         for req in self.running:

@@ -253,6 +253,8 @@ class EngineCore:
             raise RuntimeError("KV blocks are still held after ending the failed step's requests")
         if self.scheduler.loras is not None:
             self.scheduler.loras.forget()  # (the step may have half-written a slot)
+        if self.scheduler.pacer:
+            self.scheduler.pacer.forget_launches()  # (none of them will be read back)
         logger.warning(
             "step failed: ended %d request(s); %d still queued", len(victims), len(known)
         )
@@ -282,6 +284,7 @@ class EngineCore:
             bitmask = self.gate.fill_bitmask(model_out.sample_ids, model_out.drafts)
         sampled = self.runner.sample(model_out, bitmask)
         timeline.lap(tl.SAMPLE)
+        self._time_step(sched, model_out.forward_start)
         if bitmask is not None:
             verdicts = self.gate.advance(sampled, self.scheduler.requests)
         updates = self.scheduler.update(sched, sampled, verdicts)
@@ -317,6 +320,8 @@ class EngineCore:
             if self.gate.active:
                 bitmask = self.gate.fill_bitmask(model_out.sample_ids)
             self._in_flight = (sched, self.runner.sample_async(model_out, bitmask))
+            if self.scheduler.pacer:
+                self.scheduler.pacer.launched(model_out.forward_start)
             timeline.lap(tl.SAMPLE)
         timeline.commit(sched, self.runner.image_step)
         if self.config.check_kv_integrity:
@@ -331,12 +336,23 @@ class EngineCore:
         self._touched.append(prev_sched)
         sampled = self.runner.resolve(pending)
         self.timeline.lap(tl.SAMPLE)
+        self._time_step(prev_sched)
         verdicts = None
         if self.gate.active:
             verdicts = self.gate.advance(sampled, self.scheduler.requests, jump)
         updates = self.scheduler.update(prev_sched, sampled, verdicts)
         self.timeline.lap(tl.OUTPUT)
         return updates
+
+    def _time_step(self, sched, launched: float | None = None) -> None:
+        """Tell the pacer (if on) a step's tokens are back: `launched` where the step
+        is timed from here (synchronous steps), else from its launched() call."""
+        if self.scheduler.pacer:
+            now = time.perf_counter()
+            if launched is not None:
+                self.scheduler.pacer.launched(launched)
+            prompt_tokens = sched.total_num_scheduled_tokens - sched.num_decode_tokens
+            self.scheduler.pacer.resolved(prompt_tokens, sched.num_decode_seqs, now)
 
     def _schedule(self):
         """Admit requests whose grammar compiled, schedule, drop finished matchers."""

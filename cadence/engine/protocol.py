@@ -70,6 +70,10 @@ class EngineStats(msgspec.Struct, array_like=True):
     num_preempted: int = 0  # of num_waiting: preempted, to be recomputed
     kv_blocks_cached: int = 0  # free blocks that still hold a cached prefix
     num_steps: int = 0  # cumulative steps that ran the model (the step timeline's count)
+    # Prompt tokens a step may take beside decodes now (0: no bound), and the pacer's price
+    # of a decode-only step (ms; 0: not paced or not measured yet): core/step_pacer.py
+    prefill_cap: int = 0
+    decode_step_ms: float = 0.0
     # Disaggregated serving (KVTransferStats), cumulative
     kv_transfer_loads: int = 0
     kv_transfer_loaded_tokens: int = 0

@@ -137,6 +137,9 @@ def engine_stats(state: dict) -> dict:
             "generation": int(m.get("cadence:generation_tokens_total", 0)),
         },
         "preemptions": s.num_preemptions,
+        # prompt tokens a step may take beside decodes now (0: no bound), and the decode-only
+        # step the pacer prices them against (0: not paced, or not measured yet)
+        "scheduler": {"prefill_cap": s.prefill_cap, "decode_step_ms": s.decode_step_ms},
         "images": {  # a vision-language model's (accepted: the chat may attach images)
             "accepted": ready.image_token_id is not None,
             "encoded": s.images_encoded,

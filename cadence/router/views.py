@@ -165,6 +165,10 @@ def summed_stats(readings: list[dict]) -> dict:
     kv["usage"] = kv["used_blocks"] / kv["num_blocks"] if kv["num_blocks"] else 0.0
     pc = out["prefix_cache"]
     pc["hit_rate"] = pc["hit_tokens"] / pc["queried_tokens"] if pc["queried_tokens"] else 0.0
+    sched = out.get("scheduler")
+    if isinstance(sched, dict):  # (each replica paces its own steps: the largest, not a sum)
+        for key in sched:
+            sched[key] = max(r.get("scheduler", {}).get(key, 0) for r in readings)
     spec = out.get("speculative_decoding")
     if isinstance(spec, dict):
         drafts = spec.get("draft_tokens") or 0

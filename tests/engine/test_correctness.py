@@ -78,6 +78,10 @@ def test_prefill_and_decode_logprobs_match_transformers(kind, tiny_model_dir, hf
             {"max_num_batched_tokens": 16, "max_prefill_tokens_while_decoding": 3},
             id="prompt-chunks-of-3-beside-decodes",
         ),
+        pytest.param(
+            {"max_num_batched_tokens": 16, "mixed_step_factor": 1.5},
+            id="prompt-chunks-paced-by-step-times",
+        ),
         pytest.param({"block_size": 1}, id="block-size-1"),
         pytest.param({"block_size": 16}, id="block-size-16"),
         pytest.param({"block_size": 7}, id="block-size-7"),
@@ -116,6 +120,22 @@ def test_budget_8_mixes_prefill_chunks_and_decodes(tiny_model_dir):
         mixed |= 1 in counts and any(c > 1 for c in counts)
         engine.scheduler.update(sched, engine.runner.execute(sched))
     assert mixed
+
+
+def test_the_engine_times_its_steps_into_the_pacer(tiny_model_dir, references):
+    """With a mixed-step factor the core hands the scheduler's pacer every step's time, so
+    it prices decode steps and prompt tokens (cadence/core/step_pacer.py)."""
+    prompts, expected = references("llama")
+    kwargs = dict(max_num_batched_tokens=16, mixed_step_factor=2.0, enable_prefix_caching=False)
+    llm, got = run(tiny_model_dir("llama"), prompts, **kwargs)
+    assert got == expected
+    pacer = llm.engine.scheduler.pacer
+    assert pacer.decode_s > 0  # (the last requests decode alone)
+    # a second round: its mixed steps, set against those decode steps, price a prompt token
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    again = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == expected
+    assert pacer.cap() is not None
 
 
 @pytest.mark.parametrize("prefix_cache", ["hash", "radix"])

@@ -39,6 +39,8 @@ def test_stats_shape_and_agreement_with_metrics(http, client, model_name):
     assert ttft["count"] == metric(http, "cadence:time_to_first_token_seconds_count")
     assert stats["structured_outputs"]["requests"] >= 0
     assert stats["speculative_decoding"] is None  # not configured on this server
+    # a CPU server: no bound on prompt tokens beside decodes, no pacer (step_pacer.py)
+    assert stats["scheduler"] == {"prefill_cap": 0, "decode_step_ms": 0.0}
 
 
 def test_steps_account_for_the_tokens_of_a_request(http, client, model_name):

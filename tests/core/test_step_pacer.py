@@ -1,0 +1,102 @@
+"""The step pacer (cadence/core/step_pacer.py): from the steps' own durations it caps the
+prompt tokens a step carries beside decodes so the step takes at most `factor` decode-only
+steps; the scheduler takes the lower of its cap and the static bound."""
+
+from __future__ import annotations
+
+import pytest
+from scheduler_helpers import add_all, make_request, make_scheduler, step
+
+from cadence.core.step_pacer import MIN_TOKENS, StepPacer
+
+MS = 1e-3
+
+
+def run_steps(pacer: StepPacer, steps, start: float = 100.0) -> float:
+    """Synchronous steps back to back: (prompt tokens, decodes, seconds) each."""
+    t = start
+    for prompt_tokens, decodes, seconds in steps:
+        pacer.launched(t)
+        t += seconds
+        pacer.resolved(prompt_tokens, decodes, t)
+    return t
+
+
+def test_the_cap_keeps_a_mixed_step_within_factor_decode_steps():
+    pacer = StepPacer(2.5)
+    assert pacer.cap() is None  # nothing measured: the static bound applies
+    t = run_steps(pacer, [(0, 256, 10 * MS)] * 5)
+    assert pacer.cap() is None  # no mixed step yet: no price of a prompt token
+    # 1,000 prompt tokens beside the decodes add 19 ms: 19 us a token
+    t = run_steps(pacer, [(1000, 256, 29 * MS)], start=t)
+    assert pacer.cap() == round(1.5 * 10 / 0.019)  # (2.5 - 1) x 10 ms / 19 us: 789
+    # mixed steps of the cap's size keep costing 19 us a token: the cap stays
+    run_steps(pacer, [(789, 256, (10 + 789 * 0.019) * MS)] * 20, start=t)
+    assert pacer.cap() == pytest.approx(789, abs=2)
+
+
+def test_the_cap_follows_the_decode_steps_and_the_token_price():
+    pacer = StepPacer(3.0)
+    t = run_steps(pacer, [(0, 64, 4 * MS)] * 50 + [(500, 64, 9 * MS)] * 50)  # 10 us a token
+    assert pacer.cap() == pytest.approx(2 * 4 / 0.010, rel=0.02)  # 800
+    # a bigger batch: decode steps of 8 ms, prompt tokens twice as dear
+    run_steps(pacer, [(0, 256, 8 * MS)] * 80 + [(400, 256, 16 * MS)] * 80, start=t)
+    assert pacer.cap() == pytest.approx(2 * 8 / 0.020, rel=0.05)  # 800 again
+
+
+def test_steps_without_decodes_and_idle_time_are_not_counted():
+    pacer = StepPacer(2.0)
+    t = run_steps(pacer, [(0, 8, 5 * MS)] * 3)
+    # a prefill alone (nobody waits on it), then an idle minute before the next launch
+    t = run_steps(pacer, [(4000, 0, 80 * MS)], start=t)
+    run_steps(pacer, [(0, 8, 5 * MS), (100, 8, 6 * MS)], start=t + 60.0)
+    assert pacer.decode_s == pytest.approx(5 * MS)
+    assert pacer.cap() == pytest.approx(5 / 0.01, abs=1)  # (2 - 1) x 5 ms / 10 us
+
+
+def test_async_steps_are_timed_from_the_end_of_the_step_before():
+    """With async scheduling step N + 1 is launched before step N's tokens are read back:
+    its time runs from N's end, not from its own (early) launch."""
+    pacer = StepPacer(2.0)
+    pacer.launched(0.0)  # step 1
+    pacer.launched(0.001)  # step 2, queued behind it
+    pacer.resolved(0, 32, 0.010)  # step 1: 10 ms
+    pacer.launched(0.011)  # step 3
+    pacer.resolved(0, 32, 0.020)  # step 2: 10 ms (not 19)
+    pacer.launched(0.021)
+    pacer.resolved(200, 32, 0.034)  # step 3: 14 ms, 4 past a decode step
+    assert pacer.decode_s == pytest.approx(0.010)
+    assert pacer.cap() == pytest.approx(0.010 / (0.004 / 200), abs=1)  # 500
+
+
+def test_the_cap_has_a_floor_and_the_factor_a_range():
+    pacer = StepPacer(1.1)
+    run_steps(pacer, [(0, 4, 1 * MS), (10, 4, 101 * MS)])  # 10 ms a prompt token
+    assert pacer.cap() == MIN_TOKENS
+    for bad in (1.0, 0.5, -2.0):
+        with pytest.raises(ValueError, match="mixed_step_factor"):
+            StepPacer(bad)
+
+
+def test_a_failed_step_leaves_no_launch_behind():
+    pacer = StepPacer(2.0)
+    pacer.launched(0.0)  # the step that failed
+    pacer.forget_launches()
+    run_steps(pacer, [(0, 4, 5 * MS)], start=50.0)
+    assert pacer.decode_s == pytest.approx(5 * MS)
+
+
+def test_the_scheduler_takes_the_lower_of_the_pacers_cap_and_the_static_bound():
+    sched = make_scheduler(budget=64, prefill_cap=8)
+    sched.pacer = StepPacer(2.0)
+    sched.add_request(make_request("a", list(range(1, 5)), 20))
+    step(sched)  # a's prompt: nobody decodes yet, the whole budget
+    t = run_steps(sched.pacer, [(0, 1, 10 * MS), (10, 1, 12 * MS)])  # 10 ms / 0.2 ms: 50
+    add_all(sched, [make_request("b", list(range(101, 141)), 4)])
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 8}  # the static bound is lower
+    run_steps(sched.pacer, [(10, 1, 50 * MS)] * 40, start=t)  # 4 ms a token: the floor
+    assert sched.pacer.cap() == MIN_TOKENS
+    sched.config.max_prefill_tokens_while_decoding = 0  # no static bound: the pacer's alone
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens == {"a": 1, "b": MIN_TOKENS}
