@@ -25,7 +25,11 @@ from __future__ import annotations
 from collections import deque
 
 SMOOTHING = 0.1  # weight of the newest step in each moving average
-MIN_TOKENS = 16  # the cap never goes below this (prompts must progress)
+# The cap never goes below this: fewer prompt tokens a step would not use a GPU well, and
+# would starve prefill where a step with any prompt tokens costs much more than a decode
+# step whatever their number (the CPU's matmuls switch paths: 2.5 went to 16 tokens there,
+# TTFT p50 0.23 -> 4.3 s; benchmarks/step_pacer_cpu.sh).
+MIN_TOKENS = 256
 
 
 class StepPacer:

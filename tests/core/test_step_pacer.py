@@ -51,7 +51,7 @@ def test_steps_without_decodes_and_idle_time_are_not_counted():
     t = run_steps(pacer, [(4000, 0, 80 * MS)], start=t)
     run_steps(pacer, [(0, 8, 5 * MS), (100, 8, 6 * MS)], start=t + 60.0)
     assert pacer.decode_s == pytest.approx(5 * MS)
-    assert pacer.cap() == pytest.approx(5 / 0.01, abs=1)  # (2 - 1) x 5 ms / 10 us
+    assert pacer.cap() == pytest.approx(5 / 0.01, abs=1)  # (2 - 1) x 5 ms / 10 us: 500
 
 
 def test_async_steps_are_timed_from_the_end_of_the_step_before():
@@ -78,6 +78,18 @@ def test_the_cap_has_a_floor_and_the_factor_a_range():
             StepPacer(bad)
 
 
+def test_a_fixed_cost_of_mixing_is_met_where_the_steps_settle():
+    """A mixed step costs d + F + c * P; pricing by the ratio of averages settles where
+    the mixed step takes factor x d all the same (F is paid back by fewer tokens)."""
+    pacer = StepPacer(2.5)
+    d, fixed, per_token = 10 * MS, 3 * MS, 0.019 * MS
+    t = run_steps(pacer, [(0, 256, d)] * 10 + [(1000, 256, d + fixed + 1000 * per_token)])
+    for _ in range(200):  # each mixed step as large as the cap allows
+        cap = pacer.cap()
+        t = run_steps(pacer, [(cap, 256, d + fixed + cap * per_token), (0, 256, d)], start=t)
+    assert pacer.cap() == pytest.approx((1.5 * d - fixed) / per_token, rel=0.01)  # 632
+
+
 def test_a_failed_step_leaves_no_launch_behind():
     pacer = StepPacer(2.0)
     pacer.launched(0.0)  # the step that failed
@@ -87,16 +99,19 @@ def test_a_failed_step_leaves_no_launch_behind():
 
 
 def test_the_scheduler_takes_the_lower_of_the_pacers_cap_and_the_static_bound():
-    sched = make_scheduler(budget=64, prefill_cap=8)
+    sched = make_scheduler(num_blocks=512, budget=1024, prefill_cap=300)
     sched.pacer = StepPacer(2.0)
     sched.add_request(make_request("a", list(range(1, 5)), 20))
     step(sched)  # a's prompt: nobody decodes yet, the whole budget
-    t = run_steps(sched.pacer, [(0, 1, 10 * MS), (10, 1, 12 * MS)])  # 10 ms / 0.2 ms: 50
-    add_all(sched, [make_request("b", list(range(101, 141)), 4)])
+    t = run_steps(sched.pacer, [(0, 1, 10 * MS), (100, 1, 12 * MS)])  # 10 ms / 20 us: 500
+    assert sched.pacer.cap() == 500
+    add_all(sched, [make_request("b", list(range(1000, 2200)), 4)])
     out, _ = step(sched)
-    assert out.num_scheduled_tokens == {"a": 1, "b": 8}  # the static bound is lower
-    run_steps(sched.pacer, [(10, 1, 50 * MS)] * 40, start=t)  # 4 ms a token: the floor
-    assert sched.pacer.cap() == MIN_TOKENS
+    assert out.num_scheduled_tokens == {"a": 1, "b": 300}  # the static bound is lower
     sched.config.max_prefill_tokens_while_decoding = 0  # no static bound: the pacer's alone
+    out, _ = step(sched)
+    assert out.num_scheduled_tokens == {"a": 1, "b": 500}
+    run_steps(sched.pacer, [(100, 1, 50 * MS)] * 60, start=t)  # 0.4 ms a token: the floor
+    assert sched.pacer.cap() == MIN_TOKENS
     out, _ = step(sched)
     assert out.num_scheduled_tokens == {"a": 1, "b": MIN_TOKENS}

@@ -80,7 +80,7 @@ def test_prefill_and_decode_logprobs_match_transformers(kind, tiny_model_dir, hf
         ),
         pytest.param(
             {"max_num_batched_tokens": 16, "mixed_step_factor": 1.5},
-            id="prompt-chunks-paced-by-step-times",
+            id="steps-timed-into-the-pacer",
         ),
         pytest.param({"block_size": 1}, id="block-size-1"),
         pytest.param({"block_size": 16}, id="block-size-16"),
