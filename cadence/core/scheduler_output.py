@@ -155,6 +155,8 @@ class SchedulerStats:
     spec: SpecDecodeStats | None = None  # speculative decoding, when on
     kv_transfer: KVTransferStats | None = None  # disaggregated serving (--kv-role), when on
     lora: LoRAStats | None = None  # LoRA adapters (--enable-lora), when on
+    prefill_cap: int = 0  # prompt tokens a step may take beside decodes now (0: no bound)
+    decode_step_ms: float = 0.0  # the step pacer's decode-only step (0: none, or no reading)
 
 
 @dataclass

@@ -30,6 +30,7 @@ from cadence.core.remote_prefill import RemotePrefills
 from cadence.core.request import Request, RequestStatus
 from cadence.core.scheduler import Scheduler
 from cadence.core.scheduler_output import RequestUpdate, SchedulerStats
+from cadence.core.step_pacer import prefill_cap
 from cadence.engine import step_timeline as tl
 from cadence.engine.request_checks import RequestChecks
 from cadence.executor import make_executor
@@ -376,4 +377,10 @@ class EngineCore:
     def stats(self) -> SchedulerStats:
         stats = self.scheduler.stats()
         stats.num_waiting += len(self.gate.awaiting)  # waiting for their grammar
+        pacer = self.scheduler.pacer
+        stats.prefill_cap = prefill_cap(
+            self.config.scheduler.max_prefill_tokens_while_decoding, pacer
+        )
+        if pacer and pacer.decode_s is not None:
+            stats.decode_step_ms = round(pacer.decode_s * 1e3, 3)
         return stats

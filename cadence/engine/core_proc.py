@@ -50,7 +50,6 @@ import zmq
 
 from cadence.allocator import Trimmer, bound_onednn_cache, freeze_startup_objects, limit_arenas
 from cadence.config import EngineConfig
-from cadence.core.step_pacer import prefill_cap
 from cadence.engine import protocol as P
 from cadence.engine.fanout import OutputFanout, SendTimeout
 from cadence.process import die_with_parent
@@ -370,11 +369,7 @@ class EngineLoop:
         stats.num_preempted = s.num_preempted
         stats.kv_blocks_cached = s.kv_blocks_cached
         stats.num_steps = self.core.timeline.num_steps
-        bound = self.core.config.scheduler.max_prefill_tokens_while_decoding
-        pacer = self.core.scheduler.pacer
-        stats.prefill_cap = prefill_cap(bound, pacer)
-        if pacer and pacer.decode_s is not None:
-            stats.decode_step_ms = round(pacer.decode_s * 1e3, 3)
+        stats.prefill_cap, stats.decode_step_ms = s.prefill_cap, s.decode_step_ms
         if s.kv_transfer is not None:
             t = s.kv_transfer
             stats.kv_transfer_loads = t.num_loads

@@ -128,9 +128,13 @@ def _label_runs(
     BLOCK_M: tl.constexpr,
     E_PAD: tl.constexpr,
     BLOCKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Pairs per expert in `cursor` -> each run's first row in `cursor`; every row block
-    labelled with the expert whose run holds it (-1 past the last run). One program."""
+    labelled with the expert whose run holds it (-1 past the last run). One program: the
+    parallel path's second launch, and a step of the one-program kernel."""
+    if PDL:
+        gdc_wait()
     experts = tl.arange(0, E_PAD)
     expert_ok = experts < num_experts
     counts = tl.load(cursor_ptr + experts, mask=expert_ok, other=0)
@@ -184,7 +188,7 @@ def _align_kernel(
         local, mine = _local_experts(ids_ptr, pairs, num_pairs, num_experts, first_expert)
         tl.atomic_add(cursor_ptr + local, 1, mask=mine)
     tl.debug_barrier()
-    _label_runs(cursor_ptr, block_expert_ptr, num_experts, max_rows, BLOCK_M, E_PAD, BLOCKS)
+    _label_runs(cursor_ptr, block_expert_ptr, num_experts, max_rows, BLOCK_M, E_PAD, BLOCKS, False)
     _fill_padding(sorted_pairs_ptr, 0, max_rows, num_pairs, CHUNK)
     tl.debug_barrier()
     for p0 in range(0, num_pairs, CHUNK):  # each pair takes the next row of its run
@@ -222,22 +226,6 @@ def _count_kernel(
     _fill_padding(
         sorted_pairs_ptr, lo, tl.minimum(lo + rows_per_program, max_rows), num_pairs, CHUNK
     )
-
-
-@triton.jit
-def _runs_kernel(
-    cursor_ptr,
-    block_expert_ptr,
-    num_experts,
-    max_rows,
-    BLOCK_M: tl.constexpr,
-    E_PAD: tl.constexpr,
-    BLOCKS: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:
-        gdc_wait()
-    _label_runs(cursor_ptr, block_expert_ptr, num_experts, max_rows, BLOCK_M, E_PAD, BLOCKS)
 
 
 @triton.jit
@@ -306,7 +294,7 @@ def align(
         flat, sorted_pairs, cursor, num_pairs, num_experts, first_expert, rows,
         triton.cdiv(rows, programs), **common,
     )  # fmt: skip
-    _runs_kernel[(1,)](
+    _label_runs[(1,)](
         cursor, block_expert, num_experts, rows, **runs, num_warps=8, launch_pdl=use_pdl
     )
     _scatter_kernel[(programs,)](

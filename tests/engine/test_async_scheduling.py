@@ -45,8 +45,9 @@ def run(path, prompts, params, **kw) -> tuple[LLM, list]:
         {"prefix_cache": "radix"},
         {"enable_prefix_caching": False, "block_size": 7},
         {"max_num_batched_tokens": 16, "max_prefill_tokens_while_decoding": 3},
+        {"max_num_batched_tokens": 16, "mixed_step_factor": 2.0},
     ],
-    ids=["default", "budget-8", "preemption", "radix", "no-cache-bs7", "prefill-cap-3"],
+    ids=["default", "budget-8", "preemption", "radix", "no-cache-bs7", "prefill-cap-3", "paced"],
 )
 def test_greedy_equals_transformers(llama, kw):
     path, prompts, expected = llama
@@ -55,6 +56,9 @@ def test_greedy_equals_transformers(llama, kw):
     assert [o.outputs[0].token_ids for o in outs] == expected
     if kw.get("num_gpu_blocks_override") == 12:
         assert llm.engine.scheduler.num_preemptions > 0
+    if "mixed_step_factor" in kw:  # every step launched was timed when read back
+        pacer = llm.engine.scheduler.pacer
+        assert pacer.decode_s > 0 and not pacer._launches
     assert not llm.engine.has_unfinished_requests()
 
 

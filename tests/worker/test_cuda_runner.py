@@ -118,19 +118,21 @@ def test_moe_pair_gemvs_in_graphs_equal_transformers(kind, tiny_model_dir, hf_mo
 def test_served_defaults_bounded_prefill_in_graphs_equal_transformers(tiny_model_dir, hf_model):
     """`cadence serve`'s GPU defaults in small: prompt tokens beside decodes bounded (24),
     mixed steps up to the bound plus a token a decode (24 + 8) replayed in graphs, larger
-    steps (nobody decoding) eager, async scheduling: still transformers' greedy tokens."""
+    steps (nobody decoding) eager, async scheduling, the step pacer timing the steps: still
+    transformers' greedy tokens."""
     path = tiny_model_dir("llama")
     prompts = make_prompts(512, [3, 90, 17, 40, 5, 130, 23, 64, 9, 31], seed=5)
     expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
     llm = LLM(
         path, device="cuda", dtype="float32", num_gpu_blocks_override=512,
         max_num_seqs=8, max_num_batched_tokens=128, max_prefill_tokens_while_decoding=24,
-        cuda_graph_prefill=True, async_scheduling=True,
+        cuda_graph_prefill=True, async_scheduling=True, mixed_step_factor=2.5,
     )  # fmt: skip
     runner = llm.engine.runner.driver
     assert runner.mixed_graphs.sizes[-1] == 24 + 8
     assert generate(llm, prompts) == expected
     assert runner.mixed_graphs.num_replays > 0 and runner.graphs.num_replays > 0
+    assert llm.engine.scheduler.pacer.decode_s > 0  # (the pacer timed the async steps)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
