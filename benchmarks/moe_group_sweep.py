@@ -63,6 +63,8 @@ def sweep_shape(entries: dict, shape: tuple, fp8: bool, batches: list[int], key:
     """`entries` (one shape's, from the table) with GROUP_M decided at each of `batches`."""
     for tokens in batches:
         entry = entry_for(entries, tokens)
+        if "pairs" in entry:  # (such steps take the per-pair GEMVs, not these GEMMs)
+            continue
         case = Case(shape, fp8, tokens)
         print(f"{key} T={tokens}: {time_align(case, entry['BLOCK_M'])}", flush=True)
         won = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -255,8 +256,8 @@ class EngineConfig:
         if cap is not None and cap < 0:
             raise ValueError(f"max_prefill_tokens_while_decoding must be >= 0, got {cap}")
         factor = s.mixed_step_factor
-        if factor is not None and factor != 0 and not factor > 1:  # (NaN included)
-            raise ValueError(f"mixed_step_factor must be > 1, or 0 for off; got {factor}")
+        if factor is not None and factor != 0 and not 1 < factor < math.inf:  # (NaN too)
+            raise ValueError(f"mixed_step_factor must be > 1 and finite, or 0: off; got {factor}")
         if self.parallel.cpu_threads is not None and self.parallel.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be positive, got {self.parallel.cpu_threads}")
         if self.kv_role not in (None, "prefill", "decode"):
@@ -388,11 +389,15 @@ class EngineConfig:
         if self.cuda_graph_prefill is None:
             self.cuda_graph_prefill = streams_on_gpu
         graphed = streams_on_gpu and self.cuda_graph_prefill and not self.enforce_eager
-        if sc.max_prefill_tokens_while_decoding is None:
+        bound_by_default = sc.max_prefill_tokens_while_decoding is None
+        if bound_by_default:
             fits_graph = max(512, MIXED_GRAPH_TOKENS - sc.max_num_seqs)
             sc.max_prefill_tokens_while_decoding = fits_graph if graphed else 0
-        if sc.mixed_step_factor is None:  # (eager steps' launches would read as token costs)
-            sc.mixed_step_factor = DEFAULT_MIXED_STEP_FACTOR if graphed else 0
+        # (not where the user set the static bound, 0 included; nor on eager steps, whose
+        # launches would read as the price of prompt tokens)
+        if sc.mixed_step_factor is None:
+            paced = graphed and bound_by_default
+            sc.mixed_step_factor = DEFAULT_MIXED_STEP_FACTOR if paced else 0
         if self.speculative is not None and sc.async_scheduling:
             # The next step's drafts depend on how many of this step's were accepted.
             logger.info("speculative decoding runs synchronous steps (no async scheduling)")

@@ -15,6 +15,7 @@ touched; the removal does not follow links inside them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 # mkdtemp's 8 random characters
 _SUFFIX = r"[a-z0-9_]{8}"
+MAX_PID = 1 << 22  # Linux's largest pid_max
 
 
 def pid_namespace() -> int:
@@ -39,15 +41,17 @@ def pid_namespace() -> int:
 
 def name_pattern(prefix: str) -> str:
     """A regular expression of the names make_private_dir gives (groups: namespace, pid)."""
-    return re.escape(prefix) + r"([0-9]{1,12})\.([0-9]{1,10})-" + _SUFFIX
+    return re.escape(prefix) + r"([0-9]{1,12})\.([0-9]{1,7})-" + _SUFFIX
 
 
 def make_private_dir(prefix: str, parent: str | None = None) -> str:
     """A new directory only this user can open, named after this process (module
     docstring), once the stale ones of `prefix` in `parent` (the temp dir) are removed."""
     parent = parent or tempfile.gettempdir()
-    with contextlib.suppress(OSError):  # (a sweep that cannot read the parent skips)
+    try:
         sweep_stale_dirs(prefix, parent)
+    except Exception as e:  # (housekeeping: never what stops a server from starting)
+        logger.warning("could not sweep stale directories in %s: %s", parent, e)
     return tempfile.mkdtemp(prefix=f"{prefix}{pid_namespace()}.{os.getpid()}-", dir=parent)
 
 
@@ -62,10 +66,11 @@ def sweep_stale_dirs(prefix: str, parent: str) -> list[str]:
         match = pattern.fullmatch(entry.name)
         if match is None or int(match.group(1)) != namespace:
             continue
-        pid = int(match.group(2))
-        if pid == os.getpid() or _alive(pid) or not _private(entry.path):
+        # (ownership first: anything below reads what only this user could have made)
+        if not _private(entry.path):
             continue
-        if _has_listener(entry.path):
+        pid = int(match.group(2))
+        if pid == os.getpid() or _alive(pid) or _has_listener(entry.path):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)  # (links inside are unlinked, not followed)
         removed.append(entry.path)
@@ -77,11 +82,14 @@ def sweep_stale_dirs(prefix: str, parent: str) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether a process has the pid (an impossible pid counts as alive: left alone)."""
+    if not 0 < pid < MAX_PID:
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # (another user's process has the pid now)
+    except OSError:  # (PermissionError: another user's process has the pid now)
         return True
     return True
 
@@ -106,8 +114,9 @@ def _has_listener(path: str) -> bool:
             try:
                 probe.connect(entry.path)
                 return True
-            except OSError:  # (refused: nothing listens; a bound socket of a gone process)
-                pass
+            except OSError as e:  # refused: a bound socket of a gone process
+                if e.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                    return True  # (a busy listener's full backlog, a timeout: alive)
             finally:
                 probe.close()
     return False

@@ -107,6 +107,18 @@ def test_what_is_not_a_stale_directory_stays(short_dir, monkeypatch):
     assert private_dirs.sweep_stale_dirs(PREFIX, str(short_dir)) == []
 
 
+def test_names_no_process_can_have_stop_nothing(short_dir):
+    """Another user's directory of a pid beyond any pid_max (os.kill would overflow), and
+    one of ours: the sweep skips both and the new directory is made."""
+    huge = os.path.join(short_dir, f"{PREFIX}{pid_namespace()}.4194304-abcdefgh")
+    os.mkdir(huge, 0o700)
+    longer = os.path.join(short_dir, f"{PREFIX}{pid_namespace()}.9999999999-abcdefgh")
+    os.mkdir(longer, 0o700)
+    assert private_dirs.sweep_stale_dirs(PREFIX, str(short_dir)) == []
+    assert os.path.isdir(make_private_dir(PREFIX, str(short_dir)))
+    assert os.path.isdir(huge) and os.path.isdir(longer)
+
+
 def test_an_attackers_links_lead_nowhere(short_dir):
     """A link named like a stale directory, and a stale directory holding a link: the sweep
     removes neither the links' targets nor anything in them."""

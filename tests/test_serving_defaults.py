@@ -96,7 +96,11 @@ def test_a_server_with_mixed_step_graphs_paces_its_prompt_tokens():
         assert _filled(device, serving, **flags).scheduler.mixed_step_factor == 0
     assert _filled("cpu", True, mixed_step_factor=3).scheduler.mixed_step_factor == 3
     assert _filled("cuda", True, mixed_step_factor=0).scheduler.mixed_step_factor == 0
-    for bad in (1.0, 0.5, -1.0, float("nan")):
+    # a static bound the user set (0: none) is theirs: no pacing unless asked for too
+    for bound in (0, 1024):
+        own = _filled("cuda", True, max_prefill_tokens_while_decoding=bound).scheduler
+        assert own.mixed_step_factor == 0 and own.max_prefill_tokens_while_decoding == bound
+    for bad in (1.0, 0.5, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="mixed_step_factor"):
             _filled("cuda", True, mixed_step_factor=bad)
 

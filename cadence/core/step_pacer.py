@@ -1,18 +1,21 @@
 """How many prompt tokens a step may carry beside decodes, from the engine's own step times.
 
 While requests decode, each of their next tokens waits for the whole step: a step that also
-computes P prompt tokens takes about d + c * P (d: a decode-only step now, c: what one
-prompt token adds). To keep every stream's gap within `factor` decode-only steps (its ITL
-tail within about factor x its TPOT), the pacer caps P at
+computes P prompt tokens takes about d + c * P (d: a decode-only step at the batch now, c:
+what one prompt token adds). To keep every stream's gap within `factor` decode-only steps
+(its ITL tail within about factor x its TPOT), the pacer caps P at
 
     (factor - 1) * d / c
 
-with both estimated as the engine runs, so the cap follows the model, the GPU and the batch
-instead of a fixed token count:
-
-    d   a moving average of decode-only steps' durations
-    c   a moving average of mixed steps' time past d, over one of their prompt tokens (a
-        ratio of averages: a step of a few prompt tokens says little on its own)
+with d and c the intercept and slope of a least-squares line through the recent steps
+that carried decodes (step time against prompt tokens, each step's weight decaying by DECAY
+a step), so the cap follows the model, the GPU and the batch instead of a fixed token count.
+Decode-only steps pin the intercept, mixed steps the slope; while every step is mixed at
+one size (no spread to fit a slope on) the last slope is kept and the intercept still
+follows the batch, with the lag of a moving fit (a batch that grows while the prompt
+tokens change reads partly as a dearer token: the cap then errs low). A fixed cost F of
+any mixed step shows in the slope at that size, and the cap settles where a mixed step
+takes factor x d all the same.
 
 Until both are known, cap() is None and the static bound applies
 (`max_prefill_tokens_while_decoding`). A step's duration runs from its launch (or the end of
@@ -24,7 +27,11 @@ from __future__ import annotations
 
 from collections import deque
 
-SMOOTHING = 0.1  # weight of the newest step in each moving average
+DECAY = 0.95  # each older step's weight in the fit, per step (about the last 20 steps)
+# A slope is fitted only on a spread of prompt tokens (standard deviation) of at least this
+# share of their mean: steps of one size, and a faded cluster of older steps (at another
+# batch), say more about the batch than about a prompt token's price.
+MIN_SPREAD = 0.25
 # The cap never goes below this: fewer prompt tokens a step would not use a GPU well, and
 # would starve prefill where a step with any prompt tokens costs much more than a decode
 # step whatever their number (the CPU's matmuls switch paths: 2.5 went to 16 tokens there,
@@ -34,12 +41,13 @@ MIN_TOKENS = 256
 
 class StepPacer:
     def __init__(self, factor: float) -> None:
-        if factor <= 1:
-            raise ValueError(f"mixed_step_factor must be > 1 (or 0: off), got {factor}")
+        if not 1 < factor < float("inf"):
+            raise ValueError(f"mixed_step_factor must be > 1 and finite (or 0: off), got {factor}")
         self.factor = factor
-        self.decode_s: float | None = None  # d
-        self._excess_s: float | None = None  # mixed steps' time past d
-        self._prompt_tokens: float | None = None  # mixed steps' prompt tokens
+        self.decode_s: float | None = None  # d: the fit's intercept
+        self.per_token_s: float | None = None  # c: its slope
+        # weighted sums over steps with decodes: weight, P, P^2, seconds, P x seconds
+        self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)
         self._launches: deque[float] = deque()  # (perf_counter) of steps not yet resolved
         self._last_end = 0.0
 
@@ -59,18 +67,28 @@ class StepPacer:
         self._last_end = at
         if not decode_seqs or duration <= 0:
             return
-        if not prompt_tokens:
-            self.decode_s = _average(self.decode_s, duration)
-        elif self.decode_s is not None:
-            self._excess_s = _average(self._excess_s, max(0.0, duration - self.decode_s))
-            self._prompt_tokens = _average(self._prompt_tokens, float(prompt_tokens))
+        p = float(prompt_tokens)
+        w, sp, spp, st, spt = (DECAY * v for v in self._sums)
+        self._sums = (w + 1, sp + p, spp + p * p, st + duration, spt + p * duration)
+        self._fit()
+
+    def _fit(self) -> None:
+        w, sp, spp, st, spt = self._sums
+        mean_p, mean_t = sp / w, st / w
+        spread = spp / w - mean_p * mean_p
+        if spread >= max(1.0, (MIN_SPREAD * mean_p) ** 2):
+            slope = (spt / w - mean_p * mean_t) / spread
+            self.per_token_s = slope if slope > 0 else self.per_token_s
+        if self.per_token_s is not None:
+            self.decode_s = mean_t - self.per_token_s * mean_p
+        elif not mean_p:
+            self.decode_s = mean_t  # (decode-only steps so far)
 
     def cap(self) -> int | None:
         """Prompt tokens a step beside decodes may carry now; None before any estimate."""
-        if self.decode_s is None or not self._excess_s or not self._prompt_tokens:
+        if not self.per_token_s or not self.decode_s or self.decode_s <= 0:
             return None
-        per_token_s = self._excess_s / self._prompt_tokens
-        return max(MIN_TOKENS, round((self.factor - 1) * self.decode_s / per_token_s))
+        return max(MIN_TOKENS, round((self.factor - 1) * self.decode_s / self.per_token_s))
 
 
 def prefill_cap(static_bound: int | None, pacer: StepPacer | None) -> int:
@@ -80,7 +98,3 @@ def prefill_cap(static_bound: int | None, pacer: StepPacer | None) -> int:
     if paced is None:
         return static_bound or 0
     return min(static_bound, paced) if static_bound else paced
-
-
-def _average(mean: float | None, value: float) -> float:
-    return value if mean is None else mean + SMOOTHING * (value - mean)

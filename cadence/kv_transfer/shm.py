@@ -33,9 +33,10 @@ from cadence.kv_transfer.tcp import Staged, TcpKVConnector, done_future
 from cadence.private_dirs import make_private_dir, name_pattern
 
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-# "<the engine's directory>/<counter>", as _stage names them
+# "<the engine's directory>/<counter>", as _stage names them (or as engines named their
+# directory before private_dirs: a decode engine still reads from a prefill engine of then)
 DIR_PREFIX = "cadence-kv-"
-FILE_NAME = re.compile(name_pattern(DIR_PREFIX) + "/[0-9]{1,12}")
+FILE_NAME = re.compile(f"(?:{name_pattern(DIR_PREFIX)}|cadence-kv-[A-Za-z0-9_]{{8}})/[0-9]{{1,12}}")
 
 
 class ShmKVConnector(TcpKVConnector):

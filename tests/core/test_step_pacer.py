@@ -44,6 +44,22 @@ def test_the_cap_follows_the_decode_steps_and_the_token_price():
     assert pacer.cap() == pytest.approx(2 * 8 / 0.020, rel=0.05)  # 800 again
 
 
+def test_while_every_step_is_mixed_the_decode_step_still_follows_the_batch():
+    """Under steady arrivals no step is decode-only: as the batch grows, the decodes' share
+    of a mixed step must show in d (the fit's intercept), not as a dearer prompt token."""
+    pacer = StepPacer(2.0)
+    t = run_steps(pacer, [(0, 32, 5 * MS), (300, 32, 8 * MS)] * 10)  # d 5 ms, c 10 us
+    assert pacer.cap() == pytest.approx(5 / 0.010, abs=1)  # 500
+    # then every step carries 500 prompt tokens while the decodes alone grow to 10 ms
+    grow = [(500, 32 + i, (5 + 5 * i / 299 + 500 * 0.010) * MS) for i in range(300)]
+    run_steps(pacer, grow, start=t)
+    # (a moving fit lags a moving batch: within 10 % of 10 ms and of 10 us a token, where
+    # pricing mixed steps against the last decode-only steps' 5 ms took 20 us a token)
+    assert pacer.decode_s == pytest.approx(10 * MS, rel=0.1)
+    assert pacer.per_token_s == pytest.approx(0.010 * MS, rel=0.1)
+    assert 800 <= pacer.cap() <= 1000
+
+
 def test_steps_without_decodes_and_idle_time_are_not_counted():
     pacer = StepPacer(2.0)
     t = run_steps(pacer, [(0, 8, 5 * MS)] * 3)
