@@ -15,7 +15,10 @@ against the grouped path with the table's entry, and the entry gets "pairs" tile
 the GEMVs are faster by more than MARGIN (and loses them otherwise). Shapes the table does
 not have get grouped entries of the default tiles (moe_tiles.default_config) beside, at the
 tile sweep's batch sizes, so larger steps keep what they had. GPT-OSS's experts are timed
-without their biases (a bias is one row's load per program).
+without their biases (a bias is one row's load per program). For models with plain softmax
+top-k routing the two paths are compared as they run, routing included: the routing kernel
+then the grouped GEMMs, against the GEMVs routing in their own programs
+(moe_pairs.pair_experts_routed); tiles are ranked without the routing either way.
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ def gemv_tiles(kind: str, top_k: int) -> list[dict]:
 class Case:
     """LAYERS copies of one shape's experts, each with a random routing of T tokens."""
 
-    def __init__(self, shape, fp8: bool, tokens: int, seed: int = 0, layers: int = LAYERS):
+    def __init__(
+        self, shape, fp8: bool, tokens: int, routed: bool = False, seed: int = 0, layers=LAYERS
+    ):
+        from cadence.models.moe import route
         from cadence.quant.fp8_experts import quantize_experts
 
         experts, hidden, inter, top_k = shape
@@ -70,23 +76,40 @@ class Case:
             if fp8:
                 w13, s13 = quantize_experts(w13)
                 w2, s2 = quantize_experts(w2)
-            scores = torch.rand(tokens, experts, device=DEVICE, generator=g)
-            weights, ids = scores.topk(top_k, dim=1)
+            logits = torch.randn(tokens, experts, device=DEVICE, generator=g)
+            weights, ids = route(logits, top_k, True, DTYPE)
             x = torch.randn(tokens, hidden, **dev, generator=g)
-            self.layers.append((x, w13, w2, ids, weights.to(DTYPE), s13, s2))
-        self.top_k = top_k
+            self.layers.append((x, w13, w2, ids, weights, s13, s2, logits))
+        self.top_k, self.routed = top_k, routed
 
-    def pairs_path(self, tiles: dict) -> list:
+    def pairs_path(self, tiles: dict, routed: bool | None = None) -> list:
+        """The GEMVs with `tiles`, routing in their own programs if `routed` (default: as
+        this case's model routes)."""
         from cadence.ops import moe_pairs
 
+        if self.routed if routed is None else routed:
+            return [
+                lambda layer=layer: moe_pairs.pair_experts_routed(
+                    layer[0],
+                    layer[7],
+                    self.top_k,
+                    True,
+                    DTYPE,
+                    *layer[1:3],
+                    *layer[5:7],
+                    tiles=tiles,
+                )  # fmt: skip
+                for layer in self.layers
+            ]
         return [
             lambda layer=layer: moe_pairs.pair_experts(*layer[:5], layer[5], layer[6], tiles=tiles)
             for layer in self.layers
         ]
 
     def grouped_path(self, entry: dict) -> list:
-        """fused_experts with the grouped GEMMs of `entry` (its "pairs" left out)."""
-        from cadence.ops import fused_moe, moe_tiles
+        """fused_experts with the grouped GEMMs of `entry` (its "pairs" left out), after
+        the routing kernel for a model that routes plainly."""
+        from cadence.ops import fused_moe, moe_routing, moe_tiles
 
         grouped = {k: v for k, v in entry.items() if k != "pairs"}
 
@@ -94,7 +117,10 @@ class Case:
             real = moe_tiles.config
             moe_tiles.config = lambda *args: grouped
             try:
-                return fused_moe.fused_experts(*layer[:5], layer[5], layer[6])
+                ids, weights = layer[3], layer[4]
+                if self.routed:
+                    weights, ids = moe_routing.topk_softmax(layer[7], self.top_k, True, DTYPE)
+                return fused_moe.fused_experts(*layer[:3], ids, weights, layer[5], layer[6])
             finally:
                 moe_tiles.config = real
 
@@ -107,7 +133,7 @@ class Case:
 
         tiles = dict(moe_pairs.DEFAULT_TILES)
         tiles[kind] = tile
-        return self.pairs_path(tiles)
+        return self.pairs_path(tiles, routed=False)
 
 
 def graph_us(calls: list, reps: int = 20) -> float:
@@ -144,18 +170,25 @@ _CASE: dict[tuple, Case] = {}  # (a worker keeps one: the largest shape's weight
 def _compile(job: tuple) -> None:
     """Run one GEMV variant once in a worker: Triton compiles it into its disk cache (the
     kernels specialize on no size but k rounded up, so one shape per k serves all)."""
-    shape, fp8, kind, tile = job
+    from cadence.ops import moe_pairs
+
+    shape, fp8, kind, tile, routed = job
     if (shape, fp8) not in _CASE:
         _CASE.clear()
         _CASE[(shape, fp8)] = Case(shape, fp8, 1, layers=1)
+    case = _CASE[(shape, fp8)]
     with contextlib.suppress(OutOfResources, triton.CompilationError):  # (never a pick)
-        _CASE[(shape, fp8)].one_kernel(kind, tile)[0]()
+        if routed:  # (the gated GEMV routing for a model of this k and expert count)
+            case.pairs_path(dict(moe_pairs.DEFAULT_TILES, gated=tile), routed=True)[0]()
+        else:
+            case.one_kernel(kind, tile)[0]()
     torch.cuda.synchronize()
 
 
-def compile_jobs(shapes: list[tuple]) -> list[tuple]:
-    """One job per distinct kernel variant: (shape, fp8, kind, tile), the smallest shape
-    with each k rounded up to a power of two."""
+def compile_jobs(shapes: list[tuple], routed: list[tuple]) -> list[tuple]:
+    """One job per distinct kernel variant: (shape, fp8, kind, tile, routed), the smallest
+    shape with each k rounded up to a power of two; and for each shape in `routed` (plain
+    routing) its gated GEMVs that route, which specialize on k and the expert count."""
     by_pad: dict[int, tuple] = {}
     for shape in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
         by_pad.setdefault(triton.next_power_of_2(shape[3]), shape)
@@ -167,8 +200,22 @@ def compile_jobs(shapes: list[tuple]) -> list[tuple]:
                     key = (fp8, kind, pad if kind == "down" else 0, tuple(tile.values()))
                     if key not in seen:
                         seen.add(key)
-                        jobs.append((shape, fp8, kind, tile))
+                        jobs.append((shape, fp8, kind, tile, False))
+        for shape in routed:
+            jobs += [(shape, fp8, "gated", tile, True) for tile in gemv_tiles("gated", shape[3])]
     return jobs
+
+
+def plain_routing(model_dir: str) -> bool:
+    """Whether the model routes by softmax top-k alone into experts without biases
+    (cadence/models/moe.py's plain_topk, GPT-OSS's biased experts aside)."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    return (
+        cfg.get("model_type") != "gpt_oss"
+        and cfg.get("scoring_func", "softmax") == "softmax"
+        and (cfg.get("n_group") or 1) == 1
+        and (cfg.get("routed_scaling_factor") or 1.0) == 1.0
+    )
 
 
 def entry_for(entries: dict, tokens: int) -> dict:
@@ -216,8 +263,9 @@ def main() -> None:
     table.setdefault("device", torch.cuda.get_device_name())
     table.setdefault("shapes", {})
     shapes = [expert_shape(m) for m in args.models]
+    routed = [expert_shape(m) for m in args.models if plain_routing(m)]
     t0 = time.time()
-    jobs = compile_jobs(shapes)
+    jobs = compile_jobs(shapes, routed)
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         pool.map(_compile, jobs, chunksize=4)
     print(f"compiled {len(jobs)} GEMV variants in {time.time() - t0:.0f} s", flush=True)
@@ -233,7 +281,7 @@ def main() -> None:
             entries = table["shapes"][key]
             for tokens in args.batches:
                 entry = entry_for(entries, tokens)
-                case = Case(shape, fp8, tokens)
+                case = Case(shape, fp8, tokens, routed=shape in routed)
                 grouped, pairs, picks = sweep_case(case, entry)
                 chosen = pairs < grouped * (1 - MARGIN)
                 entry.pop("pairs", None)
@@ -245,7 +293,8 @@ def main() -> None:
                 entries = dict(sorted(entries.items(), key=lambda p: int(p[0])))
                 table["shapes"][key] = entries
                 print(
-                    f"{key} T={tokens}: grouped {grouped:.1f} us, pairs {pairs:.1f} us "
+                    f"{key} T={tokens}{' (routing included)' if case.routed else ''}: "
+                    f"grouped {grouped:.1f} us, pairs {pairs:.1f} us "
                     f"({grouped / pairs:.2f}x) -> {'pairs' if chosen else 'grouped'} "
                     f"gated={picks['gated']} down={picks['down']}",
                     flush=True,

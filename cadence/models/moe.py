@@ -307,6 +307,26 @@ class FusedExperts(nn.Module):
             )
         return self.forward_reference(x, ids, weights)
 
+    def forward_routed(
+        self,
+        x: torch.Tensor,
+        logits: torch.Tensor,
+        top_k: int,
+        renormalize: bool,
+        weight_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """forward() after route(logits, top_k, renormalize, weight_dtype). On CUDA, experts
+        without biases may route inside their kernels (fused_moe.fused_experts_routed)."""
+        if x.is_cuda and self.w13_bias is None and self.clamped_swiglu is None:
+            from cadence.ops import fused_moe
+
+            return fused_moe.fused_experts_routed(
+                x, logits, top_k, renormalize, weight_dtype, self.w13_weight, self.w2_weight,
+                self.w13_scale, self.w2_scale, self.first_expert, self.num_experts,
+            )  # fmt: skip
+        weights, ids = route(logits, top_k, renormalize, weight_dtype)
+        return self.forward(x, ids, weights)
+
     def _expert_weights(self, local: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert `local`'s (w13, w2) in `dtype` (a quantized expert widened and scaled)."""
         w13, w2 = self.w13_weight[local], self.w2_weight[local]
@@ -383,7 +403,7 @@ class SparseMoE(nn.Module):
         dtype = torch.float32 if opts.float32_weights else x.dtype
         logits = self.gate(x)
         if opts.plain_topk:
-            weights, ids = route(logits, opts.top_k, opts.renormalize, dtype)
+            out = self.experts.forward_routed(x, logits, opts.top_k, opts.renormalize, dtype)
         else:
             weights, ids = route_grouped(
                 logits,
@@ -395,8 +415,8 @@ class SparseMoE(nn.Module):
                 opts.routed_scale,
                 opts.scoring,
             )
-            weights = weights.to(dtype)
-        out = all_reduce(self.experts(x, ids, weights))
+            out = self.experts(x, ids, weights.to(dtype))
+        out = all_reduce(out)
         if self.shared_expert is not None:
             shared = self.shared_expert(self.shared_expert.gate_up_proj(x))
             if self.shared_expert_gate is not None:

@@ -20,7 +20,7 @@ channel and expert; the tiles are widened to the activations' dtype in registers
 the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end.
 Tile sizes come from moe_tiles (the H200 sweep's table); where the table says so for a
 step's size (an entry's "pairs"), the step takes cadence/ops/moe_pairs.py's two GEMV
-launches instead of the four here.
+launches instead of the four here (fused_experts_routed: with the routing inside them).
 """
 
 from __future__ import annotations
@@ -254,12 +254,8 @@ def fused_experts(
     num_experts, two_i, hidden = w13.shape
     if not num_pairs:
         return torch.zeros_like(x)
-    shape = (num_experts, hidden, two_i // 2)
-    global_experts = global_experts or num_experts
-    all_local = global_experts == num_experts
-    # (tiles by the pairs this rank's experts get: a share of the step's under EP)
-    local_tokens = -(-tokens * num_experts // global_experts)
-    cfg = moe_tiles.config(x.device, w13.dtype, shape, local_tokens, top_k)
+    all_local = (global_experts or num_experts) == num_experts
+    cfg = _tiles(x, w13, top_k, global_experts)
     if "pairs" in cfg:
         return moe_pairs.pair_experts(
             x, w13, w2, ids, weights, w13_scale, w2_scale, first_expert,
@@ -280,3 +276,40 @@ def fused_experts(
     tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["down"])
     launch_gemm(act, w2, w2_scale, out, *common, tile, w2_bias, GATED=False, ROUTE_SCALE=True)
     return sum_slots(out, tokens, top_k)
+
+
+def fused_experts_routed(
+    x: torch.Tensor,  # [T, H]
+    logits: torch.Tensor,  # [T, E_all] router logits
+    top_k: int,
+    renormalize: bool,
+    weight_dtype: torch.dtype,  # routing weights' dtype (moe.route's out_dtype)
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    first_expert: int = 0,
+    global_experts: int | None = None,
+) -> torch.Tensor:
+    """fused_experts after plain softmax top-k routing of `logits`: where the tile table
+    sends a step to the per-pair GEMVs, their gated GEMV routes too (one launch fewer);
+    else moe_routing.topk_softmax, then fused_experts."""
+    cfg = _tiles(x, w13, top_k, global_experts)
+    if "pairs" in cfg and x.shape[0]:
+        return moe_pairs.pair_experts_routed(
+            x, logits, top_k, renormalize, weight_dtype, w13, w2, w13_scale, w2_scale,
+            first_expert, tiles=cfg["pairs"],
+        )  # fmt: skip
+    weights, ids = moe_routing.topk_softmax(logits, top_k, renormalize, weight_dtype)
+    return fused_experts(
+        x, w13, w2, ids, weights, w13_scale, w2_scale, first_expert, global_experts
+    )  # fmt: skip
+
+
+def _tiles(x: torch.Tensor, w13: torch.Tensor, top_k: int, global_experts: int | None) -> dict:
+    """The tile table's entry for this step (moe_tiles.config), looked up by the pairs
+    this rank's experts get: a share of the step's under expert parallelism."""
+    num_experts, two_i, hidden = w13.shape
+    local_tokens = -(-x.shape[0] * num_experts // (global_experts or num_experts))
+    shape = (num_experts, hidden, two_i // 2)
+    return moe_tiles.config(x.device, w13.dtype, shape, local_tokens, top_k)

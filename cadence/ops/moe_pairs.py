@@ -20,6 +20,11 @@ benchmarks/moe_pairs_sweep.py), never a guess here.
 Same options as the grouped path: FP8 weights (e4m3 with a float32 scale per expert and
 row, widened in registers), GPT-OSS's biases and clamped SwiGLU, and a rank holding only
 experts [first, first + E) (a pair routed elsewhere adds nothing).
+
+pair_experts_routed takes the router logits instead of ids and weights: each gated program
+ranks its token's experts itself (moe_routing.softmax_top_k, the routing kernel's own code)
+and the column-0 programs write the pair's id and weight for the down GEMV, so a layer
+that routes plainly (softmax top-k) runs two launches where it ran three.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import triton.language as tl
 
 from cadence.ops.fused import gdc_wait, pdl
 from cadence.ops.moe_epilogue import gated_activation
+from cadence.ops.moe_routing import softmax_top_k
 
 # Where the table has no pairs entry but a caller asks for the path (tests, the sweep's
 # baseline): a GEMV tile that keeps a program's accumulators in registers.
@@ -50,7 +56,7 @@ def _pairs_gated_kernel(
     stride_wn,
     stride_se,
     stride_be,
-    ids_ptr,  # [T * k] global expert ids
+    ids_ptr,  # [T * k] global expert ids (ROUTE: written here)
     act_ptr,  # [T * k, N]
     N,  # the intermediate size
     K,  # hidden
@@ -61,9 +67,18 @@ def _pairs_gated_kernel(
     num_experts,  # this rank's
     alpha,  # ACT_CLAMPED's sigmoid slope
     limit,  # ACT_CLAMPED's clamp
+    logits_ptr,  # [T, E_ALL] router logits (ROUTE only)
+    weights_ptr,  # [T * k] routing weights, written here (ROUTE only)
+    stride_logits,
+    num_logits,  # every rank's experts (ROUTE only)
     W_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ACT_CLAMPED: tl.constexpr,
+    ROUTE: tl.constexpr,  # route here (softmax top-k of the logits) instead of reading ids
+    ROUTE_K: tl.constexpr,  # ROUTE: top_k, and the three below
+    RENORMALIZE: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -71,9 +86,22 @@ def _pairs_gated_kernel(
     if PDL:
         gdc_wait()
     pair = tl.program_id(0)
-    expert = tl.load(ids_ptr + pair).to(tl.int64) - first_expert
+    token = pair // top_k
+    if ROUTE:  # every program of the pair ranks its token's experts; column 0's write them
+        lanes = tl.arange(0, E_PAD)
+        row = logits_ptr + token.to(tl.int64) * stride_logits + lanes
+        x = tl.load(row, mask=lanes < num_logits, other=-float("inf")).to(tl.float32)
+        top_w, top_i = softmax_top_k(x[None, :], num_logits, ROUTE_K, K_PAD, E_PAD, RENORMALIZE)
+        mine = tl.arange(0, K_PAD)[None, :] == pair % top_k
+        routed = tl.sum(tl.where(mine, top_i, 0))
+        if tl.program_id(1) == 0:
+            tl.store(ids_ptr + pair, routed)
+            weight = tl.sum(tl.where(mine, top_w, 0.0))
+            tl.store(weights_ptr + pair, weight.to(weights_ptr.dtype.element_ty))
+        expert = routed.to(tl.int64) - first_expert
+    else:
+        expert = tl.load(ids_ptr + pair).to(tl.int64) - first_expert
     if (expert >= 0) & (expert < num_experts):  # (another rank's: its act row is never read)
-        token = pair // top_k
         cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
         ks = tl.arange(0, BLOCK_K)
@@ -200,7 +228,41 @@ def pair_experts(
 ) -> torch.Tensor:
     """fused_moe.fused_experts' result, [T, H] in x's dtype, by two GEMV launches (module
     docstring). Each tile is BLOCK_N, BLOCK_K, num_warps, num_stages."""
-    tokens, top_k = ids.shape
+    experts = (w13, w2, w13_scale, w2_scale, first_expert, w13_bias, w2_bias, clamped)
+    flat_ids, flat_weights = ids.flatten().contiguous(), weights.flatten().contiguous()
+    return _two_gemvs(x, *experts, flat_ids, flat_weights, ids.shape[1], tiles)
+
+
+def pair_experts_routed(
+    x: torch.Tensor,  # [T, H]
+    logits: torch.Tensor,  # [T, E_all] router logits (every rank's experts)
+    top_k: int,
+    renormalize: bool,
+    weight_dtype: torch.dtype,  # what routing weights are rounded to (moe.route's out_dtype)
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    first_expert: int = 0,
+    tiles: dict | None = None,
+) -> torch.Tensor:
+    """pair_experts after moe.route(logits, top_k, renormalize, weight_dtype), with the
+    routing (softmax, top k, renormalisation) done by the gated GEMV's programs themselves:
+    one launch a layer fewer. Plain softmax top-k routing only, experts without biases."""
+    tokens = x.shape[0]
+    ids = torch.empty(tokens * top_k, dtype=torch.int32, device=x.device)
+    weights = torch.empty(tokens * top_k, dtype=weight_dtype, device=x.device)
+    experts = (w13, w2, w13_scale, w2_scale, first_expert, None, None, None)
+    return _two_gemvs(x, *experts, ids, weights, top_k, tiles, (logits, renormalize))
+
+
+def _two_gemvs(
+    x, w13, w2, w13_scale, w2_scale, first_expert, w13_bias, w2_bias, clamped,
+    flat_ids, flat_weights, top_k, tiles, route=None,
+):  # fmt: skip
+    """The gated GEMV then the down GEMV over the T * k pairs; `route` (logits,
+    renormalize): the gated GEMV writes flat_ids and flat_weights itself."""
+    tokens = x.shape[0]
     num_experts, two_i, hidden = w13.shape
     inter = two_i // 2
     tiles = tiles or DEFAULT_TILES
@@ -208,12 +270,16 @@ def pair_experts(
     if not tokens:
         return out
     x = x.contiguous()
-    flat_ids = ids.flatten().contiguous()
-    flat_weights = weights.flatten().contiguous()
     act = torch.empty((tokens * top_k, inter), dtype=x.dtype, device=x.device)
     use_pdl = pdl(x.device)
     gated, down = tiles["gated"], tiles["down"]
     common = dict(PDL=use_pdl, launch_pdl=use_pdl)
+    logits, renormalize = route if route else (flat_ids, False)
+    routing = dict(ROUTE=False, ROUTE_K=1, RENORMALIZE=False, K_PAD=1, E_PAD=1)
+    if route:
+        e_pad = triton.next_power_of_2(logits.shape[1])
+        k_pad = triton.next_power_of_2(top_k)
+        routing = dict(ROUTE=True, ROUTE_K=top_k, RENORMALIZE=renormalize, K_PAD=k_pad, E_PAD=e_pad)
     _pairs_gated_kernel[(tokens * top_k, triton.cdiv(inter, gated["BLOCK_N"]))](
         x,
         *_expert_args(w13, w13_scale, w13_bias),
@@ -227,8 +293,13 @@ def pair_experts(
         first_expert,
         num_experts,
         *(clamped or (1.0, 1.0)),
+        logits,
+        flat_weights,
+        logits.stride(0) if route else 0,
+        logits.shape[1] if route else 0,
         ACT_CLAMPED=clamped is not None,
         **_expert_flags(w13_scale, w13_bias),
+        **routing,
         **common,
         **gated,
     )

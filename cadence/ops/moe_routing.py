@@ -30,6 +30,41 @@ from cadence.ops.fused import gdc_wait, pdl
 
 
 @triton.jit
+def softmax_top_k(
+    x,
+    num_experts,
+    TOP_K: tl.constexpr,
+    K_PAD: tl.constexpr,
+    E_PAD: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
+    """(weights [R, K_PAD] float32, expert ids [R, K_PAD] int32) of float32 router logits
+    x [R, E_PAD] (lanes past num_experts -inf, every row finite somewhere): the softmax's
+    TOP_K largest, in order, rescaled to sum to 1 if RENORMALIZE; slots past TOP_K zero.
+    Also the per-pair GEMVs' routing (moe_pairs.py), so both route alike."""
+    experts = tl.arange(0, E_PAD)
+    p = tl.exp(x - tl.max(x, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    # A row of NaN logits still picks real experts (whose weights are NaN, as torch's):
+    # padding lanes rank below every probability, NaN lanes as zero.
+    p_ranked = tl.where(p == p, p, 0.0)
+    p_ranked = tl.where((experts < num_experts)[None, :], p_ranked, -2.0)
+    slots = tl.arange(0, K_PAD)
+    top_w = tl.zeros((x.shape[0], K_PAD), dtype=tl.float32)
+    top_i = tl.zeros((x.shape[0], K_PAD), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):  # the j-th largest, then masked out
+        which = tl.argmax(p_ranked, axis=1).to(tl.int32)
+        picked = experts[None, :] == which[:, None]
+        best = tl.sum(tl.where(picked, p, 0.0), axis=1)
+        top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
+        top_i = tl.where(slots[None, :] == j, which[:, None], top_i)
+        p_ranked = tl.where(picked, -1.0, p_ranked)
+    if RENORMALIZE:
+        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
+    return top_w, top_i
+
+
+@triton.jit
 def _topk_softmax_kernel(
     logits_ptr,  # [T, E]
     weights_ptr,  # [T, TOP_K] (float32 math, stored in the pointer's dtype)
@@ -55,24 +90,8 @@ def _topk_softmax_kernel(
         other=-float("inf"),
     ).to(tl.float32)
     x = tl.where(token_ok[:, None], x, 0.0)  # (rows past T: finite, never stored)
-    p = tl.exp(x - tl.max(x, axis=1)[:, None])
-    p = p / tl.sum(p, axis=1)[:, None]
-    # A row of NaN logits still picks real experts (whose weights are NaN, as torch's):
-    # padding lanes rank below every probability, NaN lanes as zero.
-    p_ranked = tl.where(p == p, p, 0.0)
-    p_ranked = tl.where((experts < num_experts)[None, :], p_ranked, -2.0)
+    top_w, top_i = softmax_top_k(x, num_experts, TOP_K, K_PAD, E_PAD, RENORMALIZE)
     slots = tl.arange(0, K_PAD)
-    top_w = tl.zeros((BLOCK_T, K_PAD), dtype=tl.float32)
-    top_i = tl.zeros((BLOCK_T, K_PAD), dtype=tl.int32)
-    for j in tl.static_range(TOP_K):  # the j-th largest, then masked out
-        which = tl.argmax(p_ranked, axis=1).to(tl.int32)
-        picked = experts[None, :] == which[:, None]
-        best = tl.sum(tl.where(picked, p, 0.0), axis=1)
-        top_w = tl.where(slots[None, :] == j, best[:, None], top_w)
-        top_i = tl.where(slots[None, :] == j, which[:, None], top_i)
-        p_ranked = tl.where(picked, -1.0, p_ranked)
-    if RENORMALIZE:
-        top_w = top_w / tl.sum(top_w, axis=1)[:, None]
     out = tokens[:, None] * TOP_K + slots[None, :]
     ok = token_ok[:, None] & (slots < TOP_K)[None, :]
     tl.store(weights_ptr + out, top_w.to(weights_ptr.dtype.element_ty), mask=ok)

@@ -152,6 +152,7 @@ def check_all(device: str) -> None:
     assert moe_pairs.pair_experts(x[:0], w13, w2, ids[:0], weights[:0]).shape == (0, hidden)
     check_pairs_entry_dispatch(device)
     check_row_block_groups(device)
+    check_routed(device)
 
 
 def check_pairs_entry_dispatch(device: str) -> None:
@@ -179,6 +180,75 @@ def check_pairs_entry_dispatch(device: str) -> None:
     assert seen == [PAIR_TILES[1]]
     want = fused_moe.fused_experts(x, w13, w2, ids, weights)  # (the grouped GEMMs)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def check_routed(device: str) -> None:
+    """The per-pair GEMVs routing for themselves (softmax, top k, renormalisation in the
+    gated GEMV's programs) equal route() then the experts: 10 experts (not a power of
+    two), k of 1-3, with and without renormalisation, weights rounded to 16 bits or kept
+    in float32, a rank holding half the experts, FP8 experts; and fused_experts_routed
+    takes that path only where a tile entry has "pairs"."""
+    from cadence.models.moe import FusedExperts, route
+    from cadence.ops import fused_moe, moe_pairs, moe_tiles
+    from cadence.quant.fp8_experts import quantize_experts
+
+    hidden, inter, num_experts = 48, 40, 10
+    for dtype, tol in [(torch.float32, 1e-4), (torch.float16, 1e-2)]:
+        ref = FusedExperts(num_experts, hidden, inter).to(device, dtype)
+        for p in ref.parameters():
+            p.data.normal_(std=0.2)
+        w13, w2 = ref.w13_weight, ref.w2_weight
+        cases = [(1, 1, False, dtype), (1, 2, True, dtype), (5, 3, True, torch.float32)]
+        cases.append((9, 2, False, dtype))
+        for i, (tokens, top_k, renormalize, wdtype) in enumerate(cases):
+            x = torch.randn(tokens, hidden, device=device, dtype=dtype)
+            logits = torch.randn(tokens, num_experts, device=device)
+            weights, ids = route(logits, top_k, renormalize, wdtype)
+            want = ref.forward_reference(x, ids, weights)
+            tiles = PAIR_TILES[i % 2]
+            got = moe_pairs.pair_experts_routed(
+                x, logits, top_k, renormalize, wdtype, w13, w2, tiles=tiles
+            )
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            # experts 5-9 on this rank: only the pairs routed here add
+            ep = FusedExperts(num_experts, hidden, inter).to(device, dtype)
+            ep.num_local, ep.first_expert = 5, 5
+            ep.w13_weight.data, ep.w2_weight.data = w13[5:].clone(), w2[5:].clone()
+            got = moe_pairs.pair_experts_routed(
+                x, logits, top_k, renormalize, wdtype, w13[5:], w2[5:], None, None, 5, tiles
+            )
+            torch.testing.assert_close(
+                got, ep.forward_reference(x, ids, weights), atol=tol, rtol=tol
+            )
+        q13, s13 = quantize_experts(w13)
+        q2, s2 = quantize_experts(w2)
+        fp8 = FusedExperts(num_experts, hidden, inter).to(device, dtype)
+        fp8.w13_weight.data, fp8.w2_weight.data, fp8.w13_scale, fp8.w2_scale = q13, q2, s13, s2
+        want = fp8.forward_reference(x, ids, weights)
+        got = moe_pairs.pair_experts_routed(x, logits, 2, False, dtype, q13, q2, s13, s2)
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    # the dispatch: a "pairs" entry routes in the GEMVs, else topk_softmax and the GEMMs
+    seen, real_routed, real_config = [], moe_pairs.pair_experts_routed, moe_tiles.config
+    entry = moe_tiles.default_config(9, 2, num_experts)
+    try:
+        moe_pairs.pair_experts_routed = lambda *a, **k: (
+            seen.append(k["tiles"]) or real_routed(*a, **k)
+        )
+        for with_pairs in (True, False):
+            pick = {**entry, "pairs": PAIR_TILES[0]} if with_pairs else entry
+            moe_tiles.config = lambda *args, pick=pick: pick
+            got = fused_moe.fused_experts_routed(x, logits, 2, False, dtype, w13, w2)
+            torch.testing.assert_close(got, want_plain(ref, x, logits), atol=tol, rtol=tol)
+    finally:
+        moe_pairs.pair_experts_routed, moe_tiles.config = real_routed, real_config
+    assert seen == [PAIR_TILES[0]]
+
+
+def want_plain(ref, x, logits):
+    from cadence.models.moe import route
+
+    weights, ids = route(logits, 2, False, x.dtype)
+    return ref.forward_reference(x, ids, weights)
 
 
 def check_row_block_groups(device: str) -> None:

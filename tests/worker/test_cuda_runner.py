@@ -89,11 +89,12 @@ def test_zoo_float32_greedy_equals_transformers_on_triton(kind, tiny_model_dir, 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3-moe", "gpt-oss"])
 def test_moe_pair_gemvs_in_graphs_equal_transformers(kind, tiny_model_dir, hf_model, monkeypatch):
     """Steps of up to 4 tokens through the per-pair GEMVs (cadence/ops/moe_pairs.py, as a
-    tile table's "pairs" entry sends them), captured in decode graphs; larger steps through
-    the grouped GEMMs: transformers' greedy tokens either way."""
+    tile table's "pairs" entry sends them; Mixtral's and Qwen3's routing inside them, GPT-OSS's
+    biased experts after it), captured in decode graphs; larger steps through the grouped
+    GEMMs: transformers' greedy tokens either way."""
     from cadence.ops import moe_pairs, moe_tiles
 
-    real_config, real_pairs, calls = moe_tiles.config, moe_pairs.pair_experts, []
+    real_config, calls = moe_tiles.config, []
 
     def with_pairs(device, dtype, shape, tokens, top_k):
         entry = dict(real_config(device, dtype, shape, tokens, top_k))
@@ -101,18 +102,25 @@ def test_moe_pair_gemvs_in_graphs_equal_transformers(kind, tiny_model_dir, hf_mo
             entry["pairs"] = moe_pairs.DEFAULT_TILES
         return entry
 
-    def counted(*args, **kwargs):
-        calls.append(args[0].shape[0])
-        return real_pairs(*args, **kwargs)
+    def counted(real):
+        def call(*args, **kwargs):
+            calls.append((real.__name__, args[0].shape[0]))
+            return real(*args, **kwargs)
+
+        return call
 
     monkeypatch.setattr(moe_tiles, "config", with_pairs)
-    monkeypatch.setattr(moe_pairs, "pair_experts", counted)
+    for name in ("pair_experts", "pair_experts_routed"):
+        monkeypatch.setattr(moe_pairs, name, counted(getattr(moe_pairs, name)))
     path = tiny_model_dir(kind)
     prompts = make_prompts(512, [3, 40, 17, 9], seed=13)
     expected = [hf_greedy(hf_model(path), p, NEW_TOKENS) for p in prompts]
     llm = float32_graphs_llm(path, max_num_seqs=4)
     assert generate(llm, prompts) == expected
-    assert calls and max(calls) <= 4 and llm.engine.runner.driver.graphs.num_replays > 0
+    assert calls and max(t for _, t in calls) <= 4
+    routed = kind != "gpt-oss"  # (GPT-OSS's experts have biases: routed first)
+    assert {name for name, _ in calls} == {"pair_experts_routed" if routed else "pair_experts"}
+    assert llm.engine.runner.driver.graphs.num_replays > 0
 
 
 def test_served_defaults_bounded_prefill_in_graphs_equal_transformers(tiny_model_dir, hf_model):
