@@ -76,7 +76,9 @@ class Case:
             if fp8:
                 w13, s13 = quantize_experts(w13)
                 w2, s2 = quantize_experts(w2)
-            logits = torch.randn(tokens, experts, device=DEVICE, generator=g)
+            # (logits in the activations' dtype, as the routers of the plainly routed models
+            # give them; renormalised, as Qwen3's and Mixtral's are)
+            logits = torch.randn(tokens, experts, device=DEVICE, generator=g).to(DTYPE)
             weights, ids = route(logits, top_k, True, DTYPE)
             x = torch.randn(tokens, hidden, **dev, generator=g)
             self.layers.append((x, w13, w2, ids, weights, s13, s2, logits))
@@ -201,8 +203,9 @@ def compile_jobs(shapes: list[tuple], routed: list[tuple]) -> list[tuple]:
                     if key not in seen:
                         seen.add(key)
                         jobs.append((shape, fp8, kind, tile, False))
-        for shape in routed:
-            jobs += [(shape, fp8, "gated", tile, True) for tile in gemv_tiles("gated", shape[3])]
+        for experts, _, _, top_k in routed:  # (a small shape of the same experts and k)
+            small = (experts, 256, 256, top_k)
+            jobs += [(small, fp8, "gated", tile, True) for tile in gemv_tiles("gated", top_k)]
     return jobs
 
 

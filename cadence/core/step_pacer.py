@@ -29,8 +29,9 @@ from collections import deque
 
 DECAY = 0.95  # each older step's weight in the fit, per step (about the last 20 steps)
 # A slope is fitted only on a spread of prompt tokens (standard deviation) of at least this
-# share of their mean: steps of one size, and a faded cluster of older steps (at another
-# batch), say more about the batch than about a prompt token's price.
+# share of their mean and MIN_TOKENS / 4: steps of one size, a faded cluster of older steps
+# (at another batch), and a few tokens' difference (timer jitter, graph buckets) say more
+# about the batch or the noise than about a prompt token's price.
 MIN_SPREAD = 0.25
 # The cap never goes below this: fewer prompt tokens a step would not use a GPU well, and
 # would starve prefill where a step with any prompt tokens costs much more than a decode
@@ -48,8 +49,10 @@ class StepPacer:
         self.per_token_s: float | None = None  # c: its slope
         # weighted sums over steps with decodes: weight, P, P^2, seconds, P x seconds
         self._sums = (0.0, 0.0, 0.0, 0.0, 0.0)
+        self._decode_only = (0.0, 0.0)  # weight, seconds: d before any slope is fitted
         self._launches: deque[float] = deque()  # (perf_counter) of steps not yet resolved
         self._last_end = 0.0
+        self._last_cap: int | None = None  # while the fit says nothing sound, the last cap
 
     def launched(self, at: float) -> None:
         """A step that will be resolved (its tokens read back) was launched at `at`."""
@@ -68,6 +71,9 @@ class StepPacer:
         if not decode_seqs or duration <= 0:
             return
         p = float(prompt_tokens)
+        if not prompt_tokens:
+            w0, t0 = (DECAY * v for v in self._decode_only)
+            self._decode_only = (w0 + 1, t0 + duration)
         w, sp, spp, st, spt = (DECAY * v for v in self._sums)
         self._sums = (w + 1, sp + p, spp + p * p, st + duration, spt + p * duration)
         self._fit()
@@ -76,19 +82,21 @@ class StepPacer:
         w, sp, spp, st, spt = self._sums
         mean_p, mean_t = sp / w, st / w
         spread = spp / w - mean_p * mean_p
-        if spread >= max(1.0, (MIN_SPREAD * mean_p) ** 2):
+        if spread >= max((MIN_TOKENS / 4) ** 2, (MIN_SPREAD * mean_p) ** 2):
             slope = (spt / w - mean_p * mean_t) / spread
             self.per_token_s = slope if slope > 0 else self.per_token_s
         if self.per_token_s is not None:
             self.decode_s = mean_t - self.per_token_s * mean_p
-        elif not mean_p:
-            self.decode_s = mean_t  # (decode-only steps so far)
+        elif self._decode_only[0]:  # (no price yet: the decode-only steps' mean)
+            self.decode_s = self._decode_only[1] / self._decode_only[0]
 
     def cap(self) -> int | None:
-        """Prompt tokens a step beside decodes may carry now; None before any estimate."""
-        if not self.per_token_s or not self.decode_s or self.decode_s <= 0:
-            return None
-        return max(MIN_TOKENS, round((self.factor - 1) * self.decode_s / self.per_token_s))
+        """Prompt tokens a step beside decodes may carry now; None before any estimate
+        (a fit whose intercept is not a positive time keeps the last cap)."""
+        if self.per_token_s and self.decode_s and self.decode_s > 0:
+            paced = round((self.factor - 1) * self.decode_s / self.per_token_s)
+            self._last_cap = max(MIN_TOKENS, paced)
+        return self._last_cap
 
 
 def prefill_cap(static_bound: int | None, pacer: StepPacer | None) -> int:

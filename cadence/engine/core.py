@@ -381,6 +381,6 @@ class EngineCore:
         stats.prefill_cap = prefill_cap(
             self.config.scheduler.max_prefill_tokens_while_decoding, pacer
         )
-        if pacer and pacer.decode_s is not None:
+        if pacer and pacer.decode_s and pacer.decode_s > 0:
             stats.decode_step_ms = round(pacer.decode_s * 1e3, 3)
         return stats

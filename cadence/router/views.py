@@ -165,12 +165,13 @@ def summed_stats(readings: list[dict]) -> dict:
     kv["usage"] = kv["used_blocks"] / kv["num_blocks"] if kv["num_blocks"] else 0.0
     pc = out["prefix_cache"]
     pc["hit_rate"] = pc["hit_tokens"] / pc["queried_tokens"] if pc["queried_tokens"] else 0.0
-    sched = out.get("scheduler")
-    if isinstance(sched, dict):  # (each replica paces its own steps: not a sum)
-        own = [r["scheduler"] for r in readings if isinstance(r.get("scheduler"), dict)]
+    own = [r["scheduler"] for r in readings if isinstance(r.get("scheduler"), dict)]
+    if own:  # (each replica paces its own steps: not a sum)
         caps = [o.get("prefill_cap", 0) for o in own]
-        sched["prefill_cap"] = 0 if 0 in caps else max(caps)  # (0: a replica has no bound)
-        sched["decode_step_ms"] = max(o.get("decode_step_ms", 0.0) for o in own)
+        out["scheduler"] = {
+            "prefill_cap": 0 if 0 in caps else max(caps),  # (0: a replica has no bound)
+            "decode_step_ms": max(o.get("decode_step_ms", 0.0) for o in own),
+        }
     spec = out.get("speculative_decoding")
     if isinstance(spec, dict):
         drafts = spec.get("draft_tokens") or 0

@@ -65,7 +65,7 @@ def test_steps_without_decodes_and_idle_time_are_not_counted():
     t = run_steps(pacer, [(0, 8, 5 * MS)] * 3)
     # a prefill alone (nobody waits on it), then an idle minute before the next launch
     t = run_steps(pacer, [(4000, 0, 80 * MS)], start=t)
-    run_steps(pacer, [(0, 8, 5 * MS), (100, 8, 6 * MS)], start=t + 60.0)
+    run_steps(pacer, [(0, 8, 5 * MS), (400, 8, 9 * MS)], start=t + 60.0)
     assert pacer.decode_s == pytest.approx(5 * MS)
     assert pacer.cap() == pytest.approx(5 / 0.01, abs=1)  # (2 - 1) x 5 ms / 10 us: 500
 
@@ -87,7 +87,7 @@ def test_async_steps_are_timed_from_the_end_of_the_step_before():
 
 def test_the_cap_has_a_floor_and_the_factor_a_range():
     pacer = StepPacer(1.1)
-    run_steps(pacer, [(0, 4, 1 * MS), (10, 4, 101 * MS)])  # 10 ms a prompt token
+    run_steps(pacer, [(0, 4, 1 * MS), (400, 4, 4001 * MS)])  # 10 ms a prompt token
     assert pacer.cap() == MIN_TOKENS
     for bad in (1.0, 0.5, -2.0):
         with pytest.raises(ValueError, match="mixed_step_factor"):
@@ -106,6 +106,19 @@ def test_a_fixed_cost_of_mixing_is_met_where_the_steps_settle():
     assert pacer.cap() == pytest.approx((1.5 * d - fixed) / per_token, rel=0.01)  # 632
 
 
+def test_what_the_fit_cannot_say_changes_nothing():
+    """A few tokens' spread (jitter, graph buckets) fits no slope; a fit whose intercept is
+    no positive time keeps the last cap."""
+    pacer = StepPacer(2.0)
+    t = run_steps(pacer, [(0, 8, 5 * MS), (20, 8, 5.5 * MS)] * 10)  # 20 tokens apart
+    assert pacer.per_token_s is None and pacer.cap() is None
+    t = run_steps(pacer, [(0, 8, 5 * MS), (400, 8, 9 * MS)] * 10, start=t)  # 10 us a token
+    cap = pacer.cap()
+    assert cap == pytest.approx(500, rel=0.05)  # (the 20-token steps still weigh a little)
+    run_steps(pacer, [(800, 8, 1 * MS)] * 100, start=t)  # (a slope the batch cannot pay)
+    assert pacer.decode_s <= 0 and pacer.cap() == cap
+
+
 def test_a_failed_step_leaves_no_launch_behind():
     pacer = StepPacer(2.0)
     pacer.launched(0.0)  # the step that failed
@@ -119,7 +132,7 @@ def test_the_scheduler_takes_the_lower_of_the_pacers_cap_and_the_static_bound():
     sched.pacer = StepPacer(2.0)
     sched.add_request(make_request("a", list(range(1, 5)), 20))
     step(sched)  # a's prompt: nobody decodes yet, the whole budget
-    t = run_steps(sched.pacer, [(0, 1, 10 * MS), (100, 1, 12 * MS)])  # 10 ms / 20 us: 500
+    t = run_steps(sched.pacer, [(0, 1, 10 * MS), (300, 1, 16 * MS)])  # 10 ms / 20 us: 500
     assert sched.pacer.cap() == 500
     add_all(sched, [make_request("b", list(range(1000, 2200)), 4)])
     out, _ = step(sched)
@@ -127,7 +140,7 @@ def test_the_scheduler_takes_the_lower_of_the_pacers_cap_and_the_static_bound():
     sched.config.max_prefill_tokens_while_decoding = 0  # no static bound: the pacer's alone
     out, _ = step(sched)
     assert out.num_scheduled_tokens == {"a": 1, "b": 500}
-    run_steps(sched.pacer, [(100, 1, 50 * MS)] * 60, start=t)  # 0.4 ms a token: the floor
+    run_steps(sched.pacer, [(0, 1, 10 * MS), (400, 1, 50 * MS)] * 30, start=t)  # the floor
     assert sched.pacer.cap() == MIN_TOKENS
     out, _ = step(sched)
     assert out.num_scheduled_tokens == {"a": 1, "b": MIN_TOKENS}

@@ -126,16 +126,20 @@ def test_the_engine_times_its_steps_into_the_pacer(tiny_model_dir, references):
     """With a mixed-step factor the core hands the scheduler's pacer every step's time, so
     it prices decode steps and prompt tokens (cadence/core/step_pacer.py)."""
     prompts, expected = references("llama")
-    kwargs = dict(max_num_batched_tokens=16, mixed_step_factor=2.0, enable_prefix_caching=False)
+    kwargs = dict(max_num_batched_tokens=512, mixed_step_factor=2.0, enable_prefix_caching=False)
     llm, got = run(tiny_model_dir("llama"), prompts, **kwargs)
     assert got == expected
     pacer = llm.engine.scheduler.pacer
     assert pacer.decode_s > 0  # (the last requests decode alone)
-    # a second round: its mixed steps, set against those decode steps, price a prompt token
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    again = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in again] == expected
-    assert pacer.cap() is not None
+    # long prompts joining decoding requests, chunks of a few hundred tokens beside them:
+    # those steps price a prompt token
+    engine, params = llm.engine, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for i, p in enumerate(make_prompts(512, [40, 300, 380, 260, 420, 330], seed=9)):
+        engine.add_request(f"long-{i}", p, params)
+        engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert pacer.per_token_s > 0 and pacer.cap() is not None
 
 
 @pytest.mark.parametrize("prefix_cache", ["hash", "radix"])

@@ -29,5 +29,5 @@ def test_counters_add_up_and_each_replicas_pacing_is_not_summed():
     assert out["time"] == 14.0
     # a replica with no bound (0) makes the whole unbounded; one that says nothing is skipped
     silent = reading(1, 0, 100, 0, 0.0) | {"scheduler": None}
-    out = summed_stats([reading(3, 10, 100, 800, 11.5), reading(4, 30, 100, 0, 0.0), silent])
+    out = summed_stats([silent, reading(3, 10, 100, 800, 11.5), reading(4, 30, 100, 0, 0.0)])
     assert out["scheduler"] == {"prefill_cap": 0, "decode_step_ms": 11.5}

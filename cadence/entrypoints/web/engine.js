@@ -79,10 +79,12 @@
     setText("stat-prompt-tps", promptTps === null ? "–" : fmt(promptTps, 1));
     setText("stat-prompt-total", `${fmt(s.tokens.prompt)} since start`);
     setText("stat-steps", fmt(s.num_steps));
-    // The step pacer's bound on prompt tokens beside decodes (0: none; core/step_pacer.py).
+    // The bound on prompt tokens beside decodes now: the static one, or the step pacer's
+    // if lower (0: none; core/step_pacer.py).
     const cap = s.scheduler && s.scheduler.prefill_cap;
-    const capText = cap ? ` · ≤ ${fmt(cap)} prompt tokens beside decodes` : "";
-    setText("stat-steps-sub", (stepsPs === null ? "" : `${fmt(stepsPs, 1)} steps/s`) + capText);
+    const parts = stepsPs === null ? [] : [`${fmt(stepsPs, 1)} steps/s`];
+    if (cap) parts.push(`≤ ${fmt(cap)} prompt tokens beside decodes`);
+    setText("stat-steps-sub", parts.join(" · "));
     setText("stat-finished", fmt(r.finished));
     setText("stat-rejected", `${fmt(r.rejected)} rejected · ${fmt(r.in_flight)} in flight`);
 
