@@ -238,6 +238,8 @@ def measure(url: str, pids: list[int], c: int, args) -> dict:
         "failed": s["failed"],
         "itl_tail": itl_tail(run),
         **({"engine_steps": step_summary(url, step0)} if args.steps else {}),
+        # the step pacer's state at the run's end: its cap on prompt tokens beside decodes
+        "scheduler": httpx.get(url + "/v1/engine/stats", timeout=30).json().get("scheduler"),
     }
 
 

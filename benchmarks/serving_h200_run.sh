@@ -20,7 +20,8 @@
 #                  steps in graphs) at C=1 and 256 with the engine's step times, the settings
 #                  before them at 256, and --max-num-seqs 512 at C=512; offline at C=256 and
 #                  512 beside them (served / offline, ITL p99 against TPOT p50)
-#   PARTS=pacer    for each --mixed-step-factor in FACTORS (0: the static bound alone):
+#   PARTS=pacer    for each --mixed-step-factor in FACTORS (0: the static bound alone;
+#                  default: the flag left out):
 #                  served at C=256 (2 API processes) with the engine's step times
 #   PARTS=burst    benchmarks/api_burst.py against `cadence serve` (2 API processes): 256
 #                  streams, then 256 requests at once, with the intake gate off
@@ -113,10 +114,11 @@ fi
 
 if has pacer; then
   FACTORS=${FACTORS:-0,2,2.5,3}
-  for f in ${FACTORS//,/ }; do
+  for f in ${FACTORS//,/ }; do  # "default": the flag left out (the served default)
+    flag="--mixed-step-factor $f"; [ "$f" = default ] && flag=""
     timeout 240 python3 benchmarks/api_cpu.py --model $M --api-server-count 2 --concurrency 256 \
-      --steps --serve-args "$COMMON --log-level warning --step-timeline-size 4096 \
-      --mixed-step-factor $f" 2>&1 | grep '^{' | sed "s/^/factor=$f /" | tee -a "$OUT/pacer_served.log"
+      --steps --serve-args "$COMMON --log-level warning --step-timeline-size 4096 $flag" 2>&1 \
+      | grep '^{' | sed "s/^/factor=$f /" | tee -a "$OUT/pacer_served.log"
   done
 fi
 

@@ -107,10 +107,10 @@ class SchedulerConfig:
         None  # prompt tokens a step adds to decodes (0: any; none: what fits the largest mixed-step graph beside max_num_seqs decodes when serving on a GPU, 1792 for 256, else 0)
     )
     # The same bound from measured step times (cadence/core/step_pacer.py): a step beside
-    # decodes takes at most this many times a decode-only step. 0: off. None: 2.5 where the
+    # decodes takes at most this many times a decode-only step. 0: off. None: 2.0 where the
     # static bound is on by default (a server replaying mixed steps in GPU graphs), else off.
     mixed_step_factor: float | None = (
-        None  # a step with prompt tokens beside decodes takes at most this many decode-only steps' time (0: off; none: 2.5 serving on a GPU)
+        None  # a step with prompt tokens beside decodes takes at most this many decode-only steps' time (0: off; none: 2.0 serving on a GPU)
     )
     max_num_seqs: int = 256  # sequences in one step at most
     max_model_len: int = 2048  # filled in from the model at start-up
@@ -130,11 +130,12 @@ MIXED_GRAPH_TOKENS = 2048
 
 # A served stream's gap when prompt tokens join its step, in decode-only steps (the pacer's
 # cap, within the static bound above). Issue 37's target is an ITL p99 within 3x the TPOT
-# p50; 2.5 leaves half a step for the API side. On the H200 (Llama-8B shape, C=256, in
-# graphs) steps of up to 2,048 prompt tokens beside 256 decodes took 46.8 ms against 11 ms
-# decode-only steps (RESULTS, issue 37); at 19 us a prompt token, 2.5 would cap them near
-# 800 tokens and 27 ms. (Not measured on a GPU yet.)
-DEFAULT_MIXED_STEP_FACTOR = 2.5
+# p50, and a client's gap is the engine's step plus the API side's share. On the H200
+# (Llama-8B shape, C=256, 2 API processes; RESULTS, issue 37, one lease): factor 2.5 gave
+# ITL p99 3.02x and 3.13x TPOT p50 in two runs, 2.0 gave 2.64x, the static bound alone
+# 4.62x; output tok/s 19,957 / 20,759, 20,331 and 21,633 (every one above the offline
+# harness's 18,335).
+DEFAULT_MIXED_STEP_FACTOR = 2.0
 
 
 @dataclass
