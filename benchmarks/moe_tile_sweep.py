@@ -63,7 +63,7 @@ def block_ms(tokens: int, top_k: int, experts: int) -> list[int]:
 
 def expert_shape(model_dir: str) -> tuple[int, int, int, int]:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"]
     inter = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
     return experts, cfg["hidden_size"], inter, cfg["num_experts_per_tok"]
 

@@ -266,9 +266,11 @@ def _scatter_kernel(
     tl.store(sorted_pairs_ptr + row, pairs.to(tl.int64), mask=mine)
 
 
-# Above this many pairs a step aligns in three launches of many programs (the one-program
-# kernel takes about 6 us more per 1,024 pairs; three small launches cost about that).
-PARALLEL_PAIRS = 2048
+# Above this many pairs a step aligns in three launches of many programs. Measured on the
+# H200 in CUDA graphs (benchmarks/moe_group_sweep.py; RESULTS, issue 32, fifth part): the
+# two paths tie at 1,024 pairs (Mixtral, 512 tokens: 8.2 / 8.3 us); at 2,048 the three
+# launches win (Qwen3-30B-A3B, 256 tokens: 9.3 against 15.2 us; Mixtral, 1,024: 7.7 / 11.6).
+PARALLEL_PAIRS = 1024
 SCATTER_CHUNK = 256  # pairs a counting or scattering program takes
 
 
