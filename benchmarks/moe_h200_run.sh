@@ -20,6 +20,8 @@
 #                              steps: benchmarks/moe_group_sweep.py writes GROUP_M into the
 #                              tiles where it wins (this tree's table and $OUT); then
 #                              256 x 1,024 -> 256 for both models
+#   PARTS="profile profile-prefill"   benchmarks/profile_step.py on Qwen3-30B-A3B: a batch-1
+#                              decode step; an 8,192-token prefill step (the throughput case's)
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -92,6 +94,11 @@ if has profile; then  # where a batch-1 decode step's time goes
   python3 benchmarks/profile_step.py benchmarks/qwen3-30b-a3b --batch-size 1 --output-len 64 \
     --prefill-tokens 2048 > "$OUT/profile_b1.log" 2>&1
   grep -A40 "kernel" "$OUT/profile_b1.log" | head -60 >> "$LOG"
+fi
+if has profile-prefill; then  # where an 8,192-token prefill step's time goes (Qwen3, bf16)
+  python3 benchmarks/profile_step.py benchmarks/qwen3-30b-a3b --batch-size 64 --output-len 32 \
+    --prefill-tokens 8192 > "$OUT/profile_prefill.log" 2>&1
+  grep -A40 "kernel" "$OUT/profile_prefill.log" | head -60 >> "$LOG"
 fi
 has qwen-fp8 && { lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8; lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; }
 has qwen-tput && tput qwen3 qwen3-30b-a3b

@@ -31,8 +31,10 @@ def classify(name: str) -> str:
     n = name.lower()
     if "nccl" in n or "all_reduce" in n or "allreduce" in n or "symm" in n:
         return "all-reduce / gather"
-    if "grouped_gemm" in n or "align_kernel" in n or "topk_softmax" in n:
-        return "moe (route, align, grouped gemms)"
+    moe = ("grouped_gemm", "align_kernel", "topk_softmax", "_count_kernel", "_label_runs",
+           "_scatter_kernel", "_pairs_", "sum_slots")  # fmt: skip
+    if any(m in n for m in moe):
+        return "moe (route, align, grouped gemms / gemvs, slot sum)"
     if "attention" in n or "split_kv" in n:
         return "attention"
     if "write_kv" in n:
