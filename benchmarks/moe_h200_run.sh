@@ -20,8 +20,15 @@
 #                              steps: benchmarks/moe_group_sweep.py writes GROUP_M into the
 #                              tiles where it wins (this tree's table and $OUT); then
 #                              256 x 1,024 -> 256 for both models
-#   PARTS="profile profile-prefill"   benchmarks/profile_step.py on Qwen3-30B-A3B: a batch-1
-#                              decode step; an 8,192-token prefill step (the throughput case's)
+#   PARTS="gmm qwen-tput mixtral-tput"   torch's grouped GEMM (cadence/ops/moe_grouped_mm.py):
+#                              its GPU tests, then benchmarks/moe_grouped_mm_sweep.py against
+#                              the Triton GEMMs at 64-8,192 tokens (writes "grouped_mm" into
+#                              this tree's table and $OUT where it wins); then 256 x 1,024;
+#                              PARTS=gmm-tests: the fused-MoE and MoE-model GPU tests
+#   PARTS="profile profile-prefill profile-mixtral"   benchmarks/profile_step.py: Qwen3-30B-A3B's
+#                              batch-1 decode step; the throughput case's phases (a batch-256
+#                              decode step, a mixed step, an 8,192-token prefill) on Qwen3-30B-A3B
+#                              and Mixtral-8x7B
 #   OUT=moe-out PARTS=... bash benchmarks/moe_h200_run.sh      (carry .whl)
 # One JSON and log per case under $OUT; moe.log gathers the lines that matter.
 set -uo pipefail
@@ -86,6 +93,21 @@ if has groups; then
   [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
   echo "   group sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
+if has gmm; then  # torch's grouped GEMM against the Triton GEMMs in large steps (16-bit)
+  t0=$SECONDS
+  python3 -m pytest -q -m gpu tests/ops/test_moe_grouped_mm.py tests/ops/test_fused.py \
+    -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
+  timeout "${SWEEP_S:-240}" python3 benchmarks/moe_grouped_mm_sweep.py \
+    --table cadence/ops/moe_tiles_h200.json --out "$OUT/moe_tiles_h200.json" > "$OUT/gmm_sweep.log" 2>&1
+  grep -E "T=|cannot|capture|wrote|Error" "$OUT/gmm_sweep.log" | tee -a "$LOG"
+  [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
+  echo "   grouped_mm sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
+fi
+if has gmm-tests; then  # the fused-MoE kernels and the MoE / per-head-norm models in graphs
+  python3 -m pytest -q -m gpu tests/ops/test_fused_moe.py tests/worker/test_cuda_runner.py \
+    -k "fused_moe or pair or qwen3 or mixtral or gemma or granite or olmoe" -p no:cacheprovider \
+    2>&1 | tail -3 | tee -a "$LOG"
+fi
 has mixtral1 && lat mixtral mixtral-8x7b 1
 has qwen && { lat qwen3 qwen3-30b-a3b 1; lat qwen3 qwen3-30b-a3b 64; }
 has qwen1 && lat qwen3 qwen3-30b-a3b 1  # (batch 1 alone: after a sweep of the thin tiles)
@@ -95,11 +117,17 @@ if has profile; then  # where a batch-1 decode step's time goes
     --prefill-tokens 2048 > "$OUT/profile_b1.log" 2>&1
   grep -A40 "kernel" "$OUT/profile_b1.log" | head -60 >> "$LOG"
 fi
-if has profile-prefill; then  # where an 8,192-token prefill step's time goes (Qwen3, bf16)
-  python3 benchmarks/profile_step.py benchmarks/qwen3-30b-a3b --batch-size 64 --output-len 32 \
-    --prefill-tokens 8192 > "$OUT/profile_prefill.log" 2>&1
-  grep -A40 "kernel" "$OUT/profile_prefill.log" | head -60 >> "$LOG"
-fi
+profile_tput() {  # profile_tput NAME MODEL: the throughput case's phases (256 x 1,024 -> 256):
+  # the whole batch's prefill-carrying and decode-only seconds, a batch-256 decode step at
+  # ~1,030 tokens of context, a mixed step (~128 decodes + prompt chunks), an 8,192-token
+  # prefill step
+  python3 benchmarks/profile_step.py "benchmarks/$2" --batch-size 256 --input-len 1024 \
+    --output-len 256 --mixed-step 16 --prefill-tokens 8192 --async-scheduling \
+    --hbm-gbps 4200 --json "$OUT/profile_$1.json" > "$OUT/profile_$1.log" 2>&1
+  grep -vE " INFO |UserWarning|_warn_once" "$OUT/profile_$1.log" | tail -80 >> "$LOG"
+}
+has profile-prefill && profile_tput qwen3_tput qwen3-30b-a3b
+has profile-mixtral && profile_tput mixtral_tput mixtral-8x7b
 has qwen-fp8 && { lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8; lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; }
 has qwen-tput && tput qwen3 qwen3-30b-a3b
 start_time() {  # start_time MODEL NAME: process start -> first token, cold Triton cache

@@ -31,8 +31,10 @@ def classify(name: str) -> str:
     n = name.lower()
     if "nccl" in n or "all_reduce" in n or "allreduce" in n or "symm" in n:
         return "all-reduce / gather"
+    # (the last: torch's grouped GEMM, CUTLASS's kernel over a GroupProblemShape)
     moe = ("grouped_gemm", "align_kernel", "topk_softmax", "_count_kernel", "_label_runs",
-           "_scatter_kernel", "_pairs_", "sum_slots")  # fmt: skip
+           "_scatter_kernel", "_pairs_", "sum_slots", "_group_ends", "_scatter_rows",
+           "groupproblemshape")  # fmt: skip
     if any(m in n for m in moe):
         return "moe (route, align, grouped gemms / gemvs, slot sum)"
     if "attention" in n or "split_kv" in n:

@@ -62,6 +62,7 @@ def _rms_norm_kernel(
     pre_w_ptr,
     out_ptr,
     res_out_ptr,
+    n_rows,
     stride_x,
     stride_xh,  # between the heads of a token ([T, H, D] input; 0 for rows)
     heads,  # rows a token has (1 for [T, D])
@@ -74,39 +75,46 @@ def _rms_norm_kernel(
     HAS_RESIDUAL: tl.constexpr,
     PRE_NORM: tl.constexpr,  # x is normed by pre_w first (Gemma's post-block norm)
     GEMMA: tl.constexpr,  # weight stored as an offset from 1, product in float32 (Gemma)
+    ROWS: tl.constexpr,  # rows a program norms (narrow rows, as per-head norms: several)
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
-    row = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x_row = x_ptr + (row // heads) * stride_x + (row % heads) * stride_xh
-    x = tl.load(x_row + cols, mask=mask, other=0.0)
+    col_ok = cols < n_cols
+    mask = (rows < n_rows)[:, None] & col_ok[None, :]
+    x_rows = x_ptr + (rows // heads) * stride_x + (rows % heads) * stride_xh
+    x = tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0)
     dtype = x.dtype
     if PRE_NORM:
-        pre_w = tl.load(pre_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        x = _scaled_row(x.to(tl.float32), pre_w, pre_eps, n_cols, dtype, GEMMA)
+        pre_w = tl.load(pre_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        x = _scaled_rows(x.to(tl.float32), pre_w, pre_eps, n_cols, dtype, GEMMA)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        r = tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)  # PyTorch adds in the dtype
-        tl.store(res_out_ptr + row * stride_res_out + cols, x, mask=mask)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out = _scaled_row(x.to(tl.float32), w, eps, n_cols, dtype, GEMMA)
-    tl.store(out_ptr + row * stride_out + cols, out, mask=mask)
+        tl.store(res_out_ptr + rows[:, None] * stride_res_out + cols[None, :], x, mask=mask)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+    out = _scaled_rows(x.to(tl.float32), w, eps, n_cols, dtype, GEMMA)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], out, mask=mask)
 
 
 @triton.jit
-def _scaled_row(xf, w, eps, n_cols, dtype: tl.constexpr, GEMMA: tl.constexpr):
-    """RMSNorm of one float32 row with weight w (float32), rounded to dtype as the torch
-    modules round."""
-    var = tl.sum(xf * xf, axis=0) / n_cols
+def _scaled_rows(xf, w, eps, n_cols, dtype: tl.constexpr, GEMMA: tl.constexpr):
+    """RMSNorm of float32 rows [ROWS, BLOCK] with weight w [BLOCK] (float32), rounded to
+    dtype as the torch modules round."""
+    var = tl.sum(xf * xf, axis=1) / n_cols
+    x_hat = xf * tl.math.rsqrt(var + eps)[:, None]
     if GEMMA:  # (x_hat * (1 + w)).to(dtype): one rounding, as layers.norm.GemmaRMSNorm
-        return (xf * tl.math.rsqrt(var + eps) * (1.0 + w)).to(dtype)
+        return (x_hat * (1.0 + w[None, :])).to(dtype)
     # w * x_hat.to(dtype), rounded twice as RMSNorm (and transformers' Llama) does
-    y = (xf * tl.math.rsqrt(var + eps)).to(dtype)
-    return (w * y.to(tl.float32)).to(dtype)
+    return (w[None, :] * x_hat.to(dtype).to(tl.float32)).to(dtype)
+
+
+# Elements a program of narrow rows takes: per-head norms (128 wide) norm 16 heads a program,
+# not one (a 8,192-token prefill's q norm was 262,144 programs of one head each).
+_NORM_TILE = 2048
 
 
 def _norm(
@@ -125,14 +133,17 @@ def _norm(
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     res_out = torch.empty_like(x) if residual is not None else out
     pre_weight, pre_eps = pre if pre is not None else (weight, 0.0)
+    block = _pow2(cols)
+    per_program = max(1, _NORM_TILE // block)
     if rows:
-        _rms_norm_kernel[(rows,)](
+        _rms_norm_kernel[(triton.cdiv(rows, per_program),)](
             x,
             residual if residual is not None else x,
             weight,
             pre_weight,
             out,
             res_out,
+            rows,
             x.stride(0),
             x.stride(1) if heads > 1 else 0,
             heads,
@@ -145,7 +156,8 @@ def _norm(
             HAS_RESIDUAL=residual is not None,
             PRE_NORM=pre is not None,
             GEMMA=gemma,
-            BLOCK=_pow2(cols),
+            ROWS=per_program,
+            BLOCK=block,
             PDL=pdl(x.device),
             num_warps=8 if cols >= 2048 else 4,
             launch_pdl=pdl(x.device),

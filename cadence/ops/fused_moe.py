@@ -20,7 +20,9 @@ channel and expert; the tiles are widened to the activations' dtype in registers
 the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end.
 Tile sizes come from moe_tiles (the H200 sweep's table); where the table says so for a
 step's size (an entry's "pairs"), the step takes cadence/ops/moe_pairs.py's two GEMV
-launches instead of the four here (fused_experts_routed: with the routing inside them).
+launches instead of the four here (fused_experts_routed: with the routing inside them);
+where an entry says "grouped_mm" (large steps), 16-bit experts take torch's grouped GEMM
+(cadence/ops/moe_grouped_mm.py) instead of these.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.ops import moe_pairs, moe_routing, moe_tiles
+from cadence.ops import moe_grouped_mm, moe_pairs, moe_routing, moe_tiles
 from cadence.ops.fused import gdc_wait, pdl
-from cadence.ops.moe_epilogue import gated_activation
+from cadence.ops.moe_epilogue import gated_activation, sum_slots_kernel
 
 
 @triton.jit
@@ -140,26 +142,6 @@ def _grouped_gemm_kernel(
     )
 
 
-@triton.jit
-def _sum_slots_kernel(
-    pairs_ptr,  # [T * k, H]: each (token, slot) pair's weighted expert output
-    out_ptr,  # [T, H]
-    hidden,
-    top_k,
-    BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:
-        gdc_wait()
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = cols < hidden
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for slot in range(top_k):  # (in slot order, as torch's sum over a short dim)
-        acc += tl.load(pairs_ptr + (token * top_k + slot) * hidden + cols, mask=ok).to(tl.float32)
-    tl.store(out_ptr + token * hidden + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-
 def sum_slots(pairs: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
     """pairs [T * k, H] (contiguous) summed over each token's k slots: [T, H]. One launch
     instead of torch's reduction (a few microseconds a layer at batch 1)."""
@@ -167,9 +149,10 @@ def sum_slots(pairs: torch.Tensor, tokens: int, top_k: int) -> torch.Tensor:
     out = torch.empty((tokens, hidden), dtype=pairs.dtype, device=pairs.device)
     block = min(1024, triton.next_power_of_2(hidden))
     use_pdl = pdl(pairs.device)
-    _sum_slots_kernel[(tokens, triton.cdiv(hidden, block))](
-        pairs, out, hidden, top_k, BLOCK=block, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl
-    )
+    sum_slots_kernel[(tokens, triton.cdiv(hidden, block))](
+        pairs, pairs, pairs, out, hidden, top_k,
+        GATHER=False, BLOCK=block, PDL=use_pdl, num_warps=4, launch_pdl=use_pdl,
+    )  # fmt: skip
     return out
 
 
@@ -261,6 +244,8 @@ def fused_experts(
             x, w13, w2, ids, weights, w13_scale, w2_scale, first_expert,
             w13_bias, w2_bias, clamped, tiles=cfg["pairs"],
         )  # fmt: skip
+    if cfg.get("grouped_mm") and moe_grouped_mm.usable(x, w13, w13_scale, w13_bias, clamped):
+        return moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights, first_expert)
     sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
     x = x.contiguous()
     act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)

@@ -39,18 +39,26 @@ def check_all(device: str) -> None:
                 got_res, want_res, atol=0 if exact else tol, rtol=0 if exact else tol
             )
             torch.testing.assert_close(got, want, atol=tol, rtol=tol)
-        # Per-head norms (Qwen3's q / k): heads of a strided [T, H, D] view of a wider row.
+        # Per-head norms (Qwen3's q / k): heads of a strided [T, H, D] view of a wider row;
+        # 148 heads, several to a program, the last program's rows cut short.
         norm = RMSNorm(32, 1e-6).to(device, dtype)
         norm.weight.data.uniform_(0.5, 1.5)
-        qkv = torch.randn(5, 4 * 32 + 24, device=device, dtype=dtype)
-        q = qkv[:, : 4 * 32].view(5, 4, 32)
+        qkv = torch.randn(37, 4 * 32 + 24, device=device, dtype=dtype)
+        q = qkv[:, : 4 * 32].view(37, 4, 32)
         got = fused.rms_norm(q, norm.weight, norm.eps)
-        assert got.shape == (5, 4, 32)
+        assert got.shape == (37, 4, 32)
         torch.testing.assert_close(got, norm._norm(q), atol=tol, rtol=tol)
         gnorm = GemmaRMSNorm(32, 1e-6).to(device, dtype)
         gnorm.weight.data.uniform_(-0.5, 0.5)
         got = fused.rms_norm(q, gnorm.weight, gnorm.eps, gemma=True)
         torch.testing.assert_close(got, gnorm._norm(q), atol=tol, rtol=tol)
+        # rows as wide as a program's tile (one row a program), with the residual
+        norm = RMSNorm(2048, 1e-6).to(device, dtype)
+        x, r = (torch.randn(3, 2048, device=device, dtype=dtype) for _ in range(2))
+        got, got_res = fused.add_rms_norm(x, r, norm.weight, norm.eps)
+        want, want_res = RMSNorm.forward(norm, x, r)
+        torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+        torch.testing.assert_close(got_res, want_res, atol=tol, rtol=tol)
         # Gemma's RMSNorm (weight as an offset from 1, one rounding), with the residual.
         norm = GemmaRMSNorm(100, 1e-6).to(device, dtype)
         norm.weight.data.uniform_(-0.5, 0.5)
