@@ -24,14 +24,13 @@ to back: these GEMMs take 0.1-10 ms, so launches do not count; nothing new compi
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
 from moe_pairs_sweep import entry_for, graph_us
-from moe_tile_sweep import BATCHES, Case, expert_shape, format_table, time_us
+from moe_tile_sweep import BATCHES, Case, expert_shape, format_table, table_sweep_args, time_us
 
 GROUPS = (1, 2, 4, 8, 16, 32, 64)
 MARGIN = 0.03
@@ -88,16 +87,9 @@ def sweep_shape(entries: dict, shape: tuple, fp8: bool, batches: list[int], key:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--models", nargs="+", default=["benchmarks/qwen3-30b-a3b", "benchmarks/mixtral-8x7b"]
-    )
-    ap.add_argument("--table", default="cadence/ops/moe_tiles_h200.json")
-    ap.add_argument("--out", default=None, help="where to write the table (default: --table)")
-    ap.add_argument(
-        "--batches", type=int, nargs="+", default=[b for b in BATCHES if b >= 256] + [8192]
-    )
-    args = ap.parse_args()
+    models = ["benchmarks/qwen3-30b-a3b", "benchmarks/mixtral-8x7b"]
+    batches = [b for b in BATCHES if b >= 256] + [8192]
+    args = table_sweep_args(__doc__.split("\n")[0], models, batches).parse_args()
     from cadence.ops import moe_tiles
 
     out = Path(args.out or args.table)

@@ -16,14 +16,13 @@ docstring of moe_grouped_mm.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import torch
 from moe_pairs_sweep import entry_for, graph_us
-from moe_tile_sweep import Case, expert_shape, format_table, time_us
+from moe_tile_sweep import Case, expert_shape, format_table, table_sweep_args, time_us
 
 MARGIN = 0.03
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
@@ -115,17 +114,9 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> di
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--models",
-        nargs="+",
-        default=["benchmarks/qwen3-30b-a3b", "benchmarks/mixtral-8x7b"],
-        help="(a shape the table lacks keeps the default tiles at every size: skipped)",
-    )
-    ap.add_argument("--table", default="cadence/ops/moe_tiles_h200.json")
-    ap.add_argument("--out", default=None, help="where to write the table (default: --table)")
-    ap.add_argument("--batches", type=int, nargs="+", default=BATCHES)
-    args = ap.parse_args()
+    # (a shape the table lacks keeps the default tiles at every size: skipped)
+    models = ["benchmarks/qwen3-30b-a3b", "benchmarks/mixtral-8x7b"]
+    args = table_sweep_args(__doc__.split("\n")[0], models, BATCHES).parse_args()
     from cadence.ops import moe_tiles
 
     out = Path(args.out or args.table)

@@ -23,7 +23,6 @@ then the grouped GEMMs, against the GEMVs routing in their own programs
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import multiprocessing as mp
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 import triton
-from moe_tile_sweep import BATCHES, expert_shape, format_table
+from moe_tile_sweep import BATCHES, expert_shape, format_table, table_sweep_args
 from triton.runtime.errors import OutOfResources
 
 LAYERS = 6
@@ -243,20 +242,10 @@ def sweep_case(case: Case, entry: dict) -> tuple[float, float, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument(
-        "--models",
-        nargs="+",
-        default=[
-            "benchmarks/qwen3-30b-a3b",
-            "benchmarks/mixtral-8x7b",
-            "benchmarks/gpt-oss-20b",
-            "benchmarks/deepseek-v2-lite",
-        ],
+    models = ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b", "deepseek-v2-lite"]
+    ap = table_sweep_args(
+        __doc__.split("\n")[0], [f"benchmarks/{m}" for m in models], [1, 2, 4, 8, 16, 32]
     )
-    ap.add_argument("--table", default="cadence/ops/moe_tiles_h200.json")
-    ap.add_argument("--out", default=None, help="where to write the table (default: --table)")
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--jobs", type=int, default=14)
     args = ap.parse_args()
     from cadence.ops import moe_tiles

@@ -61,6 +61,17 @@ def block_ms(tokens: int, top_k: int, experts: int) -> list[int]:
     return [64, 128]
 
 
+def table_sweep_args(description: str, models: list[str], batches: list[int]):
+    """The arguments of the sweeps that refine the kept table (moe_pairs_sweep.py,
+    moe_group_sweep.py, moe_grouped_mm_sweep.py), the parser to add their own to."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--models", nargs="+", default=models)
+    ap.add_argument("--table", default="cadence/ops/moe_tiles_h200.json")
+    ap.add_argument("--out", default=None, help="where to write the table (default: --table)")
+    ap.add_argument("--batches", type=int, nargs="+", default=batches)
+    return ap
+
+
 def expert_shape(model_dir: str) -> tuple[int, int, int, int]:
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
     experts = cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"]
