@@ -73,7 +73,7 @@ def replays_new_routing(x, w13, w2, ids, weights) -> bool:
 def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> dict:
     from cadence.ops import fused_moe, moe_grouped_mm, moe_tiles
 
-    experts, hidden, inter, top_k = shape
+    _, hidden, inter, top_k = shape
     for tokens in batches:
         entry = entry_for(entries, tokens)
         if "pairs" in entry:  # (such steps take the per-pair GEMVs)
