@@ -5,20 +5,22 @@
 # one sitting, in ORDER (default "llamacpp cadence"; run again reversed):
 #   bash benchmarks/cpu_llamacpp.sh OUT_DIR
 # LLAMACPP_PY: the python of a venv with llama-cpp-python[server] (benchmarks/README.md);
-# CONCURRENCY (default "1 4"), NUM_PROMPTS (default: 8 at c=1, else 4 x c). llama.cpp's
-# server does not honour ignore_eos, so its rows count the tokens it returned.
+# CONCURRENCY (default "1 4"), NUM_PROMPTS (default: 8 at c=1, else 4 x c); MODEL: another
+# .gguf file (default: SmolLM2's; benchmarks/gguf_moe_file.py writes a mixture of experts).
+# llama.cpp's server does not honour ignore_eos, so its rows count the tokens it returned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: cpu_llamacpp.sh OUT_DIR}
 mkdir -p "$out"
 source benchmarks/serve_lib.sh  # wait_healthy
-model=$(.venv/bin/python -c 'from cadence.loader.model_path import resolve_model_path as r; print(r(None))')
+model=$(.venv/bin/python -c 'import sys; from cadence.loader.model_path import resolve_model_path as r
+print(r(sys.argv[1] or None))' "${MODEL:-}")
 for name in ${ORDER:-llamacpp cadence}; do
   log=$out/server_$name.log
   case $name in
     cadence)
       port=8766
-      .venv/bin/cadence serve --port $port --log-level warning --served-model-name smollm2 \
+      .venv/bin/cadence serve ${MODEL:+"$MODEL"} --port $port --log-level warning --served-model-name smollm2 \
         > "$log" 2>&1 &
       ready=/health ;;
     llamacpp)

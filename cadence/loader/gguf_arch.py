@@ -11,6 +11,12 @@ leaves out (as of transformers 5).
                  and the window are metadata transformers does not map
     phi3         attn_qkv and ffn_up hold q|k|v and gate|up fused, as Phi-3's checkpoints
                  do; the window is metadata; LongRoPE's factors are tensors
+    qwen2moe, qwen3moe
+                 the experts' width (and the shared expert's) is metadata transformers
+                 does not map; llama.cpp renormalises Qwen3-MoE's top-k weights, not
+                 Qwen2-MoE's (the file's expert_weights_norm, where it has one, decides)
+    llama with expert_count > 0
+                 Mixtral: transformers reads a Llama config, which becomes Mixtral's
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ BLOCK_NAMES: dict[str, dict[str, str]] = {
     "gemma3": _SANDWICH,
     "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
+# The files gguf_tensors.py reads (kept packed, or expanded for the float path); others
+# expand through transformers' reader.
+READ_HERE = frozenset(
+    {"llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma", "gemma2", "gemma3", "phi3"}
+)
 NORM_PLUS_ONE = frozenset({"gemma", "gemma2", "gemma3"})  # stored norm weight = w + 1
 PERMUTED_QK = frozenset({"llama"})  # q/k rows interleaved per head by llama.cpp's converter
 SKIPPED = frozenset({"rope_factors_long", "rope_factors_short"})  # read into the config
@@ -36,10 +47,20 @@ SKIPPED = frozenset({"rope_factors_long", "rope_factors_short"})  # read into th
 _GEMMA2_27B_LAYERS = 46
 
 
-def fix_config(arch: str, meta: Callable[[str], object], tensor, config) -> None:
-    """Fill in `config` (transformers' reading of the file) what transformers leaves out.
-    `meta(key)`: a metadata value or None; `tensor(name)`: a float tensor's values or None."""
+def fix_config(arch: str, meta: Callable[[str], object], tensor, config):
+    """Fill in `config` (transformers' reading of the file) what transformers leaves out,
+    and return it (a new config where the family differs: Mixtral). `meta(key)`: a
+    metadata value or None; `tensor(name)`: a float tensor's values or None."""
     window = meta(f"{arch}.attention.sliding_window")
+    if arch in ("qwen2moe", "qwen3moe"):
+        if (width := meta(f"{arch}.expert_feed_forward_length")) is not None:
+            config.moe_intermediate_size = int(width)
+        if (shared := meta(f"{arch}.expert_shared_feed_forward_length")) is not None:
+            config.shared_expert_intermediate_size = int(shared)
+        norm = meta(f"{arch}.expert_weights_norm")
+        config.norm_topk_prob = bool(norm) if norm is not None else arch == "qwen3moe"
+    if arch == "llama" and int(meta("llama.expert_count") or 0) > 0:
+        return _mixtral(config, int(meta("llama.expert_count")), meta("llama.expert_used_count"))
     if arch == "gemma2":
         for field in ("attn_logit_softcapping", "final_logit_softcapping"):
             if (value := meta(f"{arch}.{field}")) is not None:
@@ -64,3 +85,17 @@ def fix_config(arch: str, meta: Callable[[str], object], tensor, config) -> None
             )
             config.rope_parameters = params
             config.original_max_position_embeddings = params["original_max_position_embeddings"]
+    return config
+
+
+def _mixtral(llama, experts: int, used) -> object:
+    """The Mixtral config of a Llama config read from a file with experts (llama.cpp
+    stores Mixtral as "llama"): the same fields, the experts' count and top-k added."""
+    from transformers import MixtralConfig
+
+    fields = llama.to_dict()
+    for key in ("model_type", "architectures", "transformers_version", "mlp_bias",
+                "attention_bias", "pretraining_tp"):  # fmt: skip
+        fields.pop(key, None)
+    top_k = int(used) if used is not None else 2
+    return MixtralConfig(**fields, num_local_experts=experts, num_experts_per_tok=top_k)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -187,8 +188,7 @@ class FusedExperts(nn.Module):
             self.num_local, self.first_expert = num_experts, 0
             self.local = divide(intermediate, tp.size, "moe_intermediate_size")
             self.start = tp.rank * self.local
-        self.w13_weight = nn.Parameter(torch.empty(self.num_local, 2 * self.local, hidden))
-        self.w2_weight = nn.Parameter(torch.empty(self.num_local, hidden, self.local))
+        self.hidden = hidden
         self.w13_scale = self.w2_scale = None  # float32 [E, rows], quantized formats only
         self.w13_bias = self.w2_bias = None
         if bias:  # (zeros until loaded: what dummy weights keep)
@@ -197,6 +197,8 @@ class FusedExperts(nn.Module):
         self.clamped_swiglu = clamped_swiglu
         self.act = SiluAndMul() if clamped_swiglu is None else ClampedSwigluAndMul(*clamped_swiglu)
         self.stacked_layout = stacked_layout
+        # w13_weight [E, 2 * I, H] and w2_weight [E, H, I], or what the format keeps instead
+        self.quant_method.create_weights(self, self.num_local, self.local, hidden)
         self._loaded: set[tuple[str, int | None, int]] = set()  # (weight, half, expert)
 
     def load_expert(self, piece: str, source, expert: int) -> None:
@@ -210,14 +212,17 @@ class FusedExperts(nn.Module):
         lo, hi = self.start, self.start + self.local
         self._fill((name, half), source[:, lo:hi] if half is None else source[lo:hi], expert)
 
-    STACKED = ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias")
+    STACKED = (
+        "gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias", "gate_proj", "up_proj"
+    )  # fmt: skip
 
     def load_stacked(self, piece: str, source) -> None:
         """Every expert in one tensor (a tensor or a safetensors slice: only this rank's
         experts are read). `stacked_layout` "rows", transformers 5's: `gate_up_proj`
-        [E, 2I, H] (gate rows, then up), `down_proj` [E, H, I]; "gpt_oss": `gate_up_proj`
-        [E, H, 2I] with gate and up in alternate columns, `down_proj` [E, I, H], and the
-        biases `gate_up_proj_bias` [E, 2I] (alternating too) and `down_proj_bias` [E, H]."""
+        [E, 2I, H] (gate rows, then up), `down_proj` [E, H, I], or a GGUF file's gate and
+        up apart (`gate_proj`, `up_proj`: [E, I, H]); "gpt_oss": `gate_up_proj` [E, H, 2I]
+        with gate and up in alternate columns, `down_proj` [E, I, H], and the biases
+        `gate_up_proj_bias` [E, 2I] (alternating too) and `down_proj_bias` [E, H]."""
         shape = shape_of(source)
         is_bias = piece.endswith("_bias")
         stacked = len(shape) == (2 if is_bias else 3) and shape[0] == self.num_experts
@@ -235,6 +240,9 @@ class FusedExperts(nn.Module):
             if piece == "down_proj":  # "rows": [E, H, I]; "gpt_oss": [E, I, H]
                 rows = source[expert, lo:hi].t() if gpt_oss else source[expert, :, lo:hi]
                 self._fill(("w2", None), rows, expert)
+                continue
+            if piece in ("gate_proj", "up_proj") and not gpt_oss:  # [E, I, H] each
+                self._fill(("w13", int(piece == "up_proj")), source[expert, lo:hi], expert)
                 continue
             name = "w13_bias" if is_bias else "w13"
             if gpt_oss:  # gate in even columns, up in odd ones: this rank's are [2 lo, 2 hi)
@@ -254,20 +262,22 @@ class FusedExperts(nn.Module):
         """Copy this rank's rows of one expert's gate (w13, 0), up (w13, 1) or down (w2,
         None) weight, or of their biases (w13_bias, w2_bias), shape-checked."""
         name, half = part
-        local = expert - self.first_expert
-        stack = getattr(self, f"{name}_weight" if not name.endswith("bias") else name).data
-        if half is None:
-            target = stack[local]
-        else:
-            target = stack[local, half * self.local : (half + 1) * self.local]
-        if tuple(rows.shape) != tuple(target.shape):
+        expected = {
+            ("w13", 0): (self.local, self.hidden),
+            ("w13", 1): (self.local, self.hidden),
+            ("w2", None): (self.hidden, self.local),
+            ("w13_bias", 0): (self.local,),
+            ("w13_bias", 1): (self.local,),
+            ("w2_bias", None): (self.hidden,),
+        }[part]
+        if tuple(rows.shape) != expected:
             what = {0: "gate", 1: "up", None: "down"}[half]
             what += " bias" if name.endswith("bias") else ""
             raise ValueError(
                 f"expert {expert} {what}: checkpoint shape {tuple(rows.shape)} does not fit "
-                f"{tuple(target.shape)}"
+                f"{expected}"
             )
-        target.copy_(rows)
+        self.quant_method.store(self, part, expert - self.first_expert, rows)
         self._loaded.add((name, half, expert))
 
     def missing(self) -> list[str]:
@@ -305,7 +315,7 @@ class FusedExperts(nn.Module):
                 w2_bias=self.w2_bias,
                 clamped=self.clamped_swiglu,
             )
-        return self.forward_reference(x, ids, weights)
+        return self.quant_method.forward_cpu(self, x, ids, weights)
 
     def forward_routed(
         self,
@@ -327,41 +337,31 @@ class FusedExperts(nn.Module):
         weights, ids = route(logits, top_k, renormalize, weight_dtype)
         return self.forward(x, ids, weights)
 
-    def _expert_weights(self, local: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expert `local`'s (w13, w2) in `dtype` (a quantized expert widened and scaled)."""
-        w13, w2 = self.w13_weight[local], self.w2_weight[local]
-        if self.w13_scale is not None:
-            w13 = w13.float() * self.w13_scale[local, :, None]
-            w2 = w2.float() * self.w2_scale[local, :, None]
-        return w13.to(dtype), w2.to(dtype)
-
     def forward_reference(
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """forward() in torch: tokens sorted by expert, a GEMM pair per expert of this rank
-        that got any (the number of tokens each expert got is read on the host)."""
+        """forward() in torch: the (token, slot) pairs sorted by expert, the MLPs of this
+        rank's experts that got any on their tokens (the format's `experts_mlp`: a GEMM
+        pair each), and each token's outputs summed by weight in expert order (the number
+        of tokens each expert got is read on the host)."""
         top_k = ids.shape[1]
-        flat = ids.flatten().long() - self.first_expert
-        flat = torch.where((flat >= 0) & (flat < self.num_local), flat, self.num_local)
-        order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
-        counts = torch.bincount(flat, minlength=self.num_local + 1).tolist()
-        flat_weights = weights.flatten()
+        # Grouped on the host with numpy: a few microseconds a call at a decode step's
+        # handful of pairs, where the same torch ops cost ~0.2 ms a layer.
+        flat = ids.flatten().cpu().numpy().astype(np.int64) - self.first_expert
+        flat = np.where((flat >= 0) & (flat < self.num_local), flat, self.num_local)
+        order = np.argsort(flat, kind="stable")  # (token, slot) pairs grouped by expert
+        counts = np.bincount(flat, minlength=self.num_local + 1)[: self.num_local]
         out = torch.zeros_like(x)
-        start = 0
-        for expert, n in enumerate(counts[: self.num_local]):  # (the last: other ranks')
-            if not n:
-                continue
-            pairs = order[start : start + n]
-            start += n
-            tokens = pairs // top_k
-            w13, w2 = self._expert_weights(expert, x.dtype)
-            b13 = b2 = None
-            if self.w2_bias is not None:
-                b13, b2 = self.w13_bias[expert], self.w2_bias[expert]
-            h = self.act(F.linear(x[tokens], w13, b13))
-            h = F.linear(h, w2, b2) * flat_weights[pairs, None]
-            out.index_add_(0, tokens, h.to(out.dtype))
-        return out
+        experts = np.flatnonzero(counts).tolist()  # (ids past num_local: other ranks')
+        if not experts:
+            return out
+        sizes = counts[experts].tolist()
+        order = order[: sum(sizes)]
+        pairs = torch.from_numpy(order).to(x.device)
+        tokens = torch.from_numpy(order // top_k).to(x.device)
+        h = self.quant_method.experts_mlp(self, experts, x.index_select(0, tokens), sizes)
+        h = h * weights.flatten().index_select(0, pairs)[:, None]
+        return out.index_add_(0, tokens, h.to(out.dtype))
 
 
 class SparseMoE(nn.Module):
@@ -377,7 +377,10 @@ class SparseMoE(nn.Module):
         if options.scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"unknown expert scoring {options.scoring!r}")
         sigmoid = options.scoring == "sigmoid"
-        float32 = sigmoid or options.float32_router
+        # On a CPU the router's product is float32 too: oneDNN's bf16 GEMM is a reference
+        # loop on CPUs without bf16 instructions (126 us for a 64 x 1,024 router at one row).
+        on_cpu = torch.get_default_device().type == "cpu"
+        float32 = sigmoid or options.float32_router or on_cpu
         self.gate = Router(hidden, options.num_experts, options.router_bias, float32, sigmoid)
         self.experts = FusedExperts(
             options.num_experts,

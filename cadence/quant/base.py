@@ -117,15 +117,66 @@ class EmbeddingMethod:
 
 
 class ExpertsMethod:
-    """A mixture of experts' stacked weights (cadence/models/moe.py: w13_weight [E, 2I, H],
-    w2_weight [E, H, I]), kept in the model's dtype. A format that stores experts otherwise
-    overrides `finish`, which runs once every expert is loaded and sets the layer's
-    w13_scale / w2_scale (float32, one per expert and output row) when it quantized them."""
+    """A mixture of experts' weights (cadence/models/moe.py's FusedExperts), stacked in the
+    model's dtype: w13_weight [E, 2I, H] (gate rows, then up), w2_weight [E, H, I].
+
+        create_weights(layer, experts, rows, hidden)   the stacks (rows: I, this rank's)
+        store(layer, part, local, rows)                one expert's gate, up or down rows
+        finish(layer)                                  after every expert is in
+        forward_cpu(layer, x, ids, weights)            the block on a CPU (forward_reference)
+        experts_mlp(layer, experts, x, sizes)          those experts' MLPs on their rows of
+                                                       x (CPU; expert_mlp: one of them)
+
+    FP8 overrides `finish` to quantize the stacks (setting w13_scale / w2_scale, float32
+    per expert and output row); GGUF keeps each expert's blocks instead of stacks on a CPU
+    (cadence/quant/gguf_experts.py). The CUDA kernels read the stacks whatever the format."""
 
     name = "none"
 
+    def create_weights(self, layer: nn.Module, experts: int, rows: int, hidden: int) -> None:
+        layer.w13_weight = nn.Parameter(torch.empty(experts, 2 * rows, hidden))
+        layer.w2_weight = nn.Parameter(torch.empty(experts, hidden, rows))
+
+    def store(self, layer: nn.Module, part: tuple[str, int | None], local: int, rows) -> None:
+        """Copy local expert `local`'s rows (shape-checked by the layer) of its gate
+        (("w13", 0)), up (("w13", 1)) or down (("w2", None)) weight, or of those biases
+        (("w13_bias", half), ("w2_bias", None))."""
+        name, half = part
+        stack = getattr(layer, name if name.endswith("bias") else f"{name}_weight").data
+        target = stack[local]
+        if half is not None:
+            target = target[half * layer.local : (half + 1) * layer.local]
+        target.copy_(rows)  # (copy_ casts to the model's dtype)
+
     def finish(self, layer: nn.Module) -> None:
         layer.w13_scale = layer.w2_scale = None
+
+    def forward_cpu(
+        self, layer: nn.Module, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """FusedExperts.forward off CUDA: the torch reference, a format's kernels where it
+        has some."""
+        return layer.forward_reference(x, ids, weights)
+
+    def experts_mlp(
+        self, layer: nn.Module, experts: list[int], x: torch.Tensor, sizes: list[int]
+    ) -> torch.Tensor:
+        """Local expert experts[i]'s MLP on the i-th block of x's rows (sizes[i] of them, in
+        order): [sum(sizes), H]. A format may run the experts together."""
+        blocks = x.split(sizes)
+        return torch.cat([self.expert_mlp(layer, e, b) for e, b in zip(experts, blocks)])
+
+    def expert_mlp(self, layer: nn.Module, local: int, x: torch.Tensor) -> torch.Tensor:
+        """act(x W13^T + b13) W2^T + b2 for local expert `local`, x [n, H] -> [n, H]."""
+        w13, w2 = layer.w13_weight[local], layer.w2_weight[local]
+        if layer.w13_scale is not None:  # a quantized stack, widened and scaled
+            w13 = w13.float() * layer.w13_scale[local, :, None]
+            w2 = w2.float() * layer.w2_scale[local, :, None]
+        b13 = b2 = None
+        if layer.w2_bias is not None:
+            b13, b2 = layer.w13_bias[local], layer.w2_bias[local]
+        h = layer.act(F.linear(x, w13.to(x.dtype), b13))
+        return F.linear(h, w2.to(x.dtype), b2)
 
 
 class QuantMethod:

@@ -14,6 +14,9 @@ tensors ([q; k; v]) keeps one kernel when their formats agree, else one per part
 Without the CPU kernels, Q6_K (groups of 16, which torch's kernel lacks) is expanded to
 the model's dtype at load, and the log says so.
 
+A mixture's experts keep their blocks too, one expert at a time (gguf_experts.py); the
+packed tensor and its kernels are gguf_packed.py's.
+
 On a CPU with the kernels the vocabulary is one set of panels, for both the lookup and the
 LM head. Elsewhere it keeps its codes (one byte a weight) for the lookup and builds the
 planes kernel for the LM head's logits the first time they are asked for.
@@ -21,75 +24,16 @@ planes kernel for the LM head's logits the first time they are asked for.
 
 from __future__ import annotations
 
-import logging
-
-import numpy as np
 import torch
 from torch import nn
 
 from cadence.quant import gguf_cpu
 from cadence.quant.base import EmbeddingMethod, ExpertsMethod, LinearMethod, QuantMethod, read
-from cadence.quant.gguf_blocks import Codes, decode, to_planes
+from cadence.quant.gguf_blocks import Codes
+from cadence.quant.gguf_experts import GgufExpertsMethod
+from cadence.quant.gguf_packed import GgufTensor, kernel, kernels_for
 
-logger = logging.getLogger(__name__)
-
-
-class GgufTensor:
-    """One quantized tensor of a GGUF file, [out, in] as Hugging Face lays it out: its
-    format and its raw rows (uint8 [out, row bytes]). Slicing takes rows."""
-
-    def __init__(self, kind: str, raw: np.ndarray, shape: tuple[int, int]) -> None:
-        self.kind = kind
-        self.raw = raw
-        self.shape = tuple(shape)
-
-    def __getitem__(self, index) -> GgufTensor:
-        rows, *rest = index if isinstance(index, tuple) else (index,)
-        if not isinstance(rows, slice) or any(r != slice(None) for r in rest):
-            raise TypeError("a GGUF tensor slices by rows only")
-        raw = self.raw[rows]
-        return GgufTensor(self.kind, raw, (raw.shape[0], self.shape[1]))
-
-    def codes(self) -> Codes:
-        return decode(self.kind, self.raw, self.shape)
-
-
-def _kernel(codes: Codes, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    if device.type == "cuda":
-        from cadence.quant.int4_triton import Int4Planes
-
-        return Int4Planes(to_planes(codes), device)
-    from cadence.quant import int4_cpu
-
-    if gguf_cpu.available():
-        return gguf_cpu.PanelsCPU(codes)
-    if int4_cpu.supported(planes := to_planes(codes)):
-        return int4_cpu.Int4PackCPU(planes, dtype)
-    logger.info("GGUF groups of %d: expanded to %s at load (no CPU kernel)", codes.group, dtype)
-    return _Dense(codes.dequantize().to(dtype))
-
-
-class _Dense(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("weight", weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight.t()
-
-
-def _concat(parts: list[Codes]) -> Codes | None:
-    """The parts' rows as one Codes, when their formats agree (else None)."""
-    first = parts[0]
-    if any(p.group != first.group or (p.bits <= 4) != (first.bits <= 4) for p in parts):
-        return None
-    return Codes(
-        torch.cat([p.v for p in parts]),
-        torch.cat([p.s for p in parts]),
-        torch.cat([p.c for p in parts]),
-        first.group,
-        max(p.bits for p in parts),
-    )
+__all__ = ["GgufQuant", "GgufTensor"]
 
 
 class GgufLinearMethod(LinearMethod):
@@ -114,14 +58,7 @@ class GgufLinearMethod(LinearMethod):
     def finish(self, layer: nn.Module) -> None:
         parts = [p for _, p in sorted(layer.gguf_parts, key=lambda item: item[0])]
         device, dtype = layer.bias.device if layer.bias is not None else None, layer.gguf_dtype
-        device = device or layer.weight.device
-        if parts and all(isinstance(p, Codes) for p in parts) and (whole := _concat(parts)):
-            kernels = [_kernel(whole, dtype, device)]
-        else:
-            kernels = [
-                _kernel(p, dtype, device) if isinstance(p, Codes) else _Dense(p.to(device, dtype))
-                for p in parts
-            ]
+        kernels = kernels_for(parts, dtype, device or layer.weight.device)
         layer.kernels = nn.ModuleList(kernels)
         # The decode path calls this 120 times a step: keep the single kernel's forward
         # in the instance dict, out of nn.Module's attribute lookup and call machinery
@@ -210,7 +147,7 @@ class GgufEmbeddingMethod(EmbeddingMethod):
                 return super().logits(layer, hidden)
             # Built on the first call (the memory profile's forward pass, before any graph).
             table = layer.gguf_codes
-            layer.gguf_logits = _kernel(table.codes(), layer.gguf_dtype, table.v.device)
+            layer.gguf_logits = kernel(table.codes(), layer.gguf_dtype, table.v.device)
             if not getattr(layer, "serves_lookup", True):
                 layer.gguf_codes = None  # an LM head only: the planes are all it needs
         return layer.gguf_logits(hidden.reshape(-1, hidden.shape[-1]))
@@ -226,6 +163,4 @@ class GgufQuant(QuantMethod):
         return GgufEmbeddingMethod()
 
     def experts(self) -> ExpertsMethod:
-        raise NotImplementedError(
-            "GGUF mixtures of experts are not supported yet: serve the safetensors checkpoint"
-        )
+        return GgufExpertsMethod()

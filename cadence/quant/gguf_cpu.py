@@ -206,16 +206,26 @@ class PanelsCPU(nn.Module):
     def _tiles(self, dtype: torch.dtype) -> bool:
         return self.bf16_tiles and dtype == torch.bfloat16
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def register_tiles(self, x: torch.Tensor) -> bool | None:
+        """Whether a product of x runs on the register tiles with int8 activations (True)
+        or float ones (False); None: it expands W^T, or takes the AMX-BF16 tiles."""
         rows = x.shape[0]
         if (expand_rows := self.expand_rows(x.dtype)) is not None and rows >= expand_rows:
+            return None
+        if self._tiles(x.dtype) and BF16_TILE_ROWS <= rows < BF16_TILE_EXPAND_ROWS:
+            return None
+        return self.int8_activations and x.dtype != torch.float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        int8 = self.register_tiles(x)
+        out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
+        if int8 is True:
+            self.ops.panel_gemm_q8(out, x, self.q, self.sc, self.group, self.bits)
+        elif int8 is False:
+            self.ops.panel_gemm(out, x, self.q, self.sc, self.group, self.bits, False)
+        elif self._tiles(x.dtype) and x.shape[0] < BF16_TILE_EXPAND_ROWS:
+            self.ops.panel_gemm_bf16(out, x, self.q, self.sc, self.group, self.bits)
+        else:
             numel = self.in_features * self.out_features
             return torch.mm(x, self.expand(x.dtype, _expansion_buffer(numel, x.dtype)))
-        out = torch.empty(rows, self.out_features, dtype=x.dtype)
-        if self._tiles(x.dtype) and BF16_TILE_ROWS <= rows < BF16_TILE_EXPAND_ROWS:
-            self.ops.panel_gemm_bf16(out, x, self.q, self.sc, self.group, self.bits)
-        elif self.int8_activations and x.dtype != torch.float32:
-            self.ops.panel_gemm_q8(out, x, self.q, self.sc, self.group, self.bits)
-        else:
-            self.ops.panel_gemm(out, x, self.q, self.sc, self.group, self.bits, False)
         return out

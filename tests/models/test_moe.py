@@ -108,8 +108,8 @@ def test_experts_a_format_cannot_hold_are_refused_clearly():
     from cadence.quant.fp8 import Fp8Quant, Fp8Scheme
     from cadence.quant.gguf import GgufQuant
 
-    with quant_scope(GgufQuant()), pytest.raises(NotImplementedError, match="GGUF mixtures"):
-        FusedExperts(E, H, INTER)
+    with quant_scope(GgufQuant()), pytest.raises(NotImplementedError, match="GGUF experts with"):
+        FusedExperts(E, H, INTER, bias=True)  # GPT-OSS's: its GGUF layout is not read yet
     serialized = Fp8Quant(Fp8Scheme(serialized=True))
     with quant_scope(serialized), pytest.raises(NotImplementedError, match="FP8 checkpoints"):
         FusedExperts(E, H, INTER)

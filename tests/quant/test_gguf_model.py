@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from cadence import LLM, SamplingParams
-from cadence.loader.gguf import convert_gguf, default_model_path, ensure_float_weights
+from cadence.loader.gguf import (
+    convert_gguf,
+    default_model_path,
+    ensure_float_weights,
+    transformers_tensors,
+)
 from cadence.loader.gguf_tensors import iter_gguf
 from cadence.loader.loader import iter_safetensors, load_hf_config, weight_bytes
 from cadence.quant.gguf import GgufTensor
@@ -18,12 +23,17 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Roses are red,"]
 
 
 def test_gguf_tensors_carry_hf_names_and_row_order():
-    """Q/K rows un-permuted exactly as transformers does it (compared on the blocks'
-    values), every other tensor under its HF name and shape."""
+    """Q/K rows un-permuted exactly as transformers' GGUF reader does it (compared on the
+    blocks' values), every other tensor under its HF name and shape; the float path's
+    safetensors (this reader, expanded) hold the same values."""
     folder = convert_gguf(default_model_path())
     ensure_float_weights(folder)
     config = load_hf_config(folder)
     ours = dict(iter_gguf(default_model_path(), config))
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(folder)
+    transformers_reading = transformers_tensors(default_model_path(), hf_config)
     wanted = [
         "model.layers.0.self_attn.q_proj.weight",
         "model.layers.0.self_attn.k_proj.weight",
@@ -36,15 +46,15 @@ def test_gguf_tensors_carry_hf_names_and_row_order():
     for name, source in iter_safetensors(folder):
         if name not in wanted:
             continue
-        theirs = source[:]
         mine = ours[name]
         if isinstance(mine, GgufTensor):
             mine = mine.codes().dequantize()
-        assert tuple(mine.shape) == tuple(theirs.shape), name
-        torch.testing.assert_close(mine.float(), theirs.float(), rtol=0, atol=0, msg=name)
+        for theirs in (source[:], transformers_reading[name]):
+            assert tuple(mine.shape) == tuple(theirs.shape), name
+            torch.testing.assert_close(mine.float(), theirs.float(), rtol=0, atol=0, msg=name)
         checked += 1
     assert checked == len(wanted)
-    assert len(ours) == sum(1 for _ in iter_safetensors(folder))
+    assert len(ours) == sum(1 for _ in iter_safetensors(folder)) == len(transformers_reading)
 
 
 @pytest.fixture(scope="module")

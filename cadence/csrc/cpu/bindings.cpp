@@ -24,6 +24,9 @@
 //   panel_gemm_q8(out, x, q, sc, group, bits)
 //                                            x W^T for 4- or 8-bit panels, x as int8
 //   panel_q8_available(bits)                 whether this build has panel_gemm_q8 for them
+//   moe_panels(x, ids, weights, q13, sc13, q2, sc2, first, width, group13, bits13,
+//              group2, bits2, int8_13, int8_2) -> out
+//                                            a mixture's experts from GGUF panels
 //   panel_gemm_bf16(out, x, q, sc, group, bits)
 //                                            x W^T for 4- or 8-bit panels on AMX-BF16 tiles
 //   panel_bf16_available(bits)               whether this build and OS have them
@@ -57,6 +60,10 @@ void panel_rows(torch::Tensor out, torch::Tensor q, torch::Tensor sc, torch::Ten
 void panel_gemm_q8(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor sc,
                    int64_t group, int64_t bits);
 bool panel_q8_available(int64_t bits);
+torch::Tensor moe_panels(torch::Tensor x, torch::Tensor ids, torch::Tensor weights,
+                         torch::Tensor q13, torch::Tensor sc13, torch::Tensor q2, torch::Tensor sc2,
+                         int64_t first, int64_t width, int64_t group13, int64_t bits13,
+                         int64_t group2, int64_t bits2, bool int8_13, bool int8_2);
 void panel_gemm_bf16(torch::Tensor out, torch::Tensor x, torch::Tensor q, torch::Tensor sc,
                      int64_t group, int64_t bits);
 bool panel_bf16_available(int64_t bits);
@@ -79,6 +86,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("panel_rows", &panel_rows, "rows of the panels' W");
   m.def("panel_gemm_q8", &panel_gemm_q8, "x W^T for 4- or 8-bit panels, x quantized to int8");
   m.def("panel_q8_available", &panel_q8_available, "whether panel_gemm_q8 is built for bits");
+  m.def("moe_panels", &moe_panels, "a mixture's experts from GGUF panels, in one call");
   m.def("panel_gemm_bf16", &panel_gemm_bf16, "x W^T for 4- or 8-bit panels, AMX-BF16 tiles");
   m.def("panel_bf16_available", &panel_bf16_available, "whether panel_gemm_bf16 runs here");
   m.def("sample_rows", &sample_rows, "argmax or a temperature draw per row");

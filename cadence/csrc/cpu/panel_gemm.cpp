@@ -266,14 +266,15 @@ constexpr int64_t BUFFER_ROWS = 2 * MR;
 
 template <typename T, int Bits, typename S>
 void panel_gemm_impl(T* out, const float* x, int64_t M, int64_t N, int64_t K, const uint8_t* q,
-                     const S* sc, int64_t group, bool generic) {
-  const int64_t panels = (N + PANEL - 1) / PANEL, per_k = panel_bytes(Bits);
+                     const S* sc, int64_t group, bool generic, PanelRange range) {
+  const int64_t per_k = panel_bytes(Bits), first = range.first;
+  const int64_t count = range.count(N);
   const bool buffered = !generic && M >= BUFFER_ROWS;
-  parallel_chunks(panels, chunk_grain(panels), [&](int64_t p0, int64_t p1) {
+  parallel_chunks(count, chunk_grain(count), [&](int64_t c0, int64_t c1) {
     float acc[MR * PANEL];
     thread_local std::vector<float> unpacked;  // (per thread: chunks come many a call)
     if (buffered) unpacked.resize(K * PANEL);
-    for (int64_t p = p0; p < p1; ++p) {
+    for (int64_t p = first + c0; p < first + c1; ++p) {
       const uint8_t* qp = q + p * K * per_k;
       const S* sp = sc + p * (K / group) * 2 * PANEL;
       const int64_t n0 = p * PANEL, width = std::min(PANEL, N - n0);
@@ -320,6 +321,11 @@ void dispatch_panels(int64_t bits, const at::Tensor& sc, Fn fn) {
 // out [M, N] = x [M, K] W^T, x and out in one dtype; `generic` forces the portable loop.
 void panel_gemm(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group,
                 int64_t bits, bool generic) {
+  panel_gemm_range(out, x, q, sc, group, bits, generic, PanelRange{});
+}
+
+void panel_gemm_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group,
+                      int64_t bits, bool generic, PanelRange range) {
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.is_contiguous(), "x [M, K], out [M, N]");
   TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.size(0) == x.size(0), "out must match x");
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
@@ -340,7 +346,7 @@ void panel_gemm(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64
       using S = decltype(s);
       panel_gemm_impl<scalar_t, decltype(b)::value, S>(
           out.data_ptr<scalar_t>(), x32, M, N, K, q.data_ptr<uint8_t>(),
-          static_cast<const S*>(sc.data_ptr()), group, generic);
+          static_cast<const S*>(sc.data_ptr()), group, generic, range);
     });
   });
 }

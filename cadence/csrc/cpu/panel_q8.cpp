@@ -361,6 +361,11 @@ void q8_tile_amx(const int8_t* qx, const float* d, const float* sums, int64_t K,
 // to int8 per block of 32 columns.
 void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group,
                    int64_t bits) {
+  panel_gemm_q8_range(out, x, q, sc, group, bits, PanelRange{});
+}
+
+void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc,
+                         int64_t group, int64_t bits, PanelRange range) {
   TORCH_CHECK(panel_q8_available(bits), "panel_gemm_q8: no int8 tile for ", bits,
               "-bit codes in this build (panel_q8_available)");
 #ifdef CADENCE_PANEL_AVX2
@@ -382,7 +387,7 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
   qx.assign(padded * K, 0);
   d.resize(M * (K / QBLOCK));
   sums.resize(M * (K / group));
-  const int64_t panels = (N + PANEL - 1) / PANEL;
+  const int64_t first = range.first, count = range.count(N);
   const uint8_t* qp = q.data_ptr<uint8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_gemm_q8", [&] {
     const float* x32 = reinterpret_cast<const float*>(xc.data_ptr());
@@ -406,7 +411,8 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
       using S = decltype(s);
       constexpr int Bits = decltype(code_bits)::value;
       const S* scp = static_cast<const S*>(sc.data_ptr());
-      parallel_chunks(panels, chunk_grain(panels), [&](int64_t p0, int64_t p1) {
+      parallel_chunks(count, chunk_grain(count), [&](int64_t c0, int64_t c1) {
+        const int64_t p0 = first + c0, p1 = first + c1;
         constexpr int rows_max = std::max<int>(MR_TILE, 16 * 2);
         float acc[rows_max * PANEL];
         auto store = [&](int64_t p, int64_t m0, int mr) {

@@ -18,6 +18,25 @@ namespace cadence_cpu {
 
 constexpr int64_t PANEL = 16;  // rows of W a panel holds
 
+// Which panels of a product to compute: [first, first + count), or from `first` to the end
+// (count < 0: the whole product by default). moe_panels.cpp hands the panels of many
+// experts' products out in such ranges.
+struct PanelRange {
+  int64_t first = 0;
+  int64_t count_ = -1;
+  int64_t count(int64_t n) const {
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+    return count_ < 0 ? panels - first : std::min(count_, panels - first);
+  }
+};
+
+// panel_gemm (float activations) and panel_gemm_q8 (int8 activations) over a range of the
+// output's panels: the columns of `out` outside it are left as they were.
+void panel_gemm_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group,
+                      int64_t bits, bool generic, PanelRange range);
+void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc,
+                         int64_t group, int64_t bits, PanelRange range);
+
 // q and sc hold the panels of an [n, k] weight of `bits`-bit codes (panel_gemm.cpp's
 // layout), or this throws.
 void check_panels(const at::Tensor& q, const at::Tensor& sc, int64_t n, int64_t k,
