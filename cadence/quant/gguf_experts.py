@@ -21,6 +21,7 @@ yet.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -61,15 +62,13 @@ class GgufExpertsMethod(ExpertsMethod):
                 "serve the safetensors checkpoint"
             )
         layer.w13_weight = layer.w2_weight = None  # (stacks only on CUDA, made at finish)
-        layer.gguf_parts = {}  # (name, half, local expert) -> Codes or float tensor
+        layer.gguf_parts = {}  # (name, half, local expert) -> GgufTensor or float tensor
         layer.gguf_device = torch.get_default_device()
         layer.gguf_dtype = torch.get_default_dtype()
 
     def store(self, layer: nn.Module, part: tuple[str, int | None], local: int, rows) -> None:
         name, half = part
-        if isinstance(rows, GgufTensor):
-            rows = rows.codes()
-        layer.gguf_parts[(name, half, local)] = rows
+        layer.gguf_parts[(name, half, local)] = rows  # (decoded in finish, in parallel)
 
     def finish(self, layer: nn.Module) -> None:
         layer.w13_scale = layer.w2_scale = None
@@ -78,13 +77,19 @@ class GgufExpertsMethod(ExpertsMethod):
         if device.type == "cuda":
             self._expand(layer, parts, device, dtype)
             return
-        layer.gguf_experts = nn.ModuleList(
-            ExpertKernels(
-                kernels_for([parts[("w13", 0, e)], parts[("w13", 1, e)]], dtype, device),
-                kernels_for([parts[("w2", None, e)]], dtype, device),
+
+        def kernels(e: int) -> ExpertKernels:
+            gate, up, down = (
+                _decoded(parts[(*p, e)]) for p in (("w13", 0), ("w13", 1), ("w2", None))
             )
-            for e in range(layer.num_local)
-        )
+            return ExpertKernels(
+                kernels_for([gate, up], dtype, device), kernels_for([down], dtype, device)
+            )
+
+        # The experts decode and pack in threads: numpy's and torch's array work releases
+        # the GIL, and decoding was most of a large file's load.
+        with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as pool:
+            layer.gguf_experts = nn.ModuleList(pool.map(kernels, range(layer.num_local)))
         layer.__dict__["gguf_stacks"] = _stack(layer.gguf_experts)
         first = layer.gguf_experts[0]
         layer.__dict__["gguf_first"] = (first.w13[0], first.w2[0])  # (read each step)
@@ -100,7 +105,8 @@ class GgufExpertsMethod(ExpertsMethod):
                               device=device),
         }  # fmt: skip
         for (name, half, e), part in parts.items():
-            weight = part.dequantize() if isinstance(part, Codes) else part
+            weight = _decoded(part)
+            weight = weight.dequantize() if isinstance(weight, Codes) else weight
             target = stacks[name][e]
             if half is not None:
                 target = target[half * layer.local : (half + 1) * layer.local]
@@ -136,6 +142,11 @@ class GgufExpertsMethod(ExpertsMethod):
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _decoded(part: GgufTensor | torch.Tensor) -> Codes | torch.Tensor:
+    """A stored expert weight as Codes (blocks) or its float tensor (a float file)."""
+    return part.codes() if isinstance(part, GgufTensor) else part
 
 
 def _stack(experts: nn.ModuleList) -> tuple[torch.Tensor, ...] | None:
