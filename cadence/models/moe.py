@@ -341,7 +341,7 @@ class FusedExperts(nn.Module):
         self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
         """forward() in torch: the (token, slot) pairs sorted by expert, the MLPs of this
-        rank's experts that got any on their tokens (the format's `experts_mlp`: a GEMM
+        rank's experts that got any on their tokens (the format's `expert_mlp`: a GEMM
         pair each), and each token's outputs summed by weight in expert order (the number
         of tokens each expert got is read on the host)."""
         top_k = ids.shape[1]
@@ -359,7 +359,9 @@ class FusedExperts(nn.Module):
         order = order[: sum(sizes)]
         pairs = torch.from_numpy(order).to(x.device)
         tokens = torch.from_numpy(order // top_k).to(x.device)
-        h = self.quant_method.experts_mlp(self, experts, x.index_select(0, tokens), sizes)
+        rows = x.index_select(0, tokens).split(sizes)
+        mlp = self.quant_method.expert_mlp
+        h = torch.cat([mlp(self, expert, block) for expert, block in zip(experts, rows)])
         h = h * weights.flatten().index_select(0, pairs)[:, None]
         return out.index_add_(0, tokens, h.to(out.dtype))
 

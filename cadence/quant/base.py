@@ -124,8 +124,7 @@ class ExpertsMethod:
         store(layer, part, local, rows)                one expert's gate, up or down rows
         finish(layer)                                  after every expert is in
         forward_cpu(layer, x, ids, weights)            the block on a CPU (forward_reference)
-        experts_mlp(layer, experts, x, sizes)          those experts' MLPs on their rows of
-                                                       x (CPU; expert_mlp: one of them)
+        expert_mlp(layer, local, x)                    one expert's MLP on its rows (CPU)
 
     FP8 overrides `finish` to quantize the stacks (setting w13_scale / w2_scale, float32
     per expert and output row); GGUF keeps each expert's blocks instead of stacks on a CPU
@@ -157,14 +156,6 @@ class ExpertsMethod:
         """FusedExperts.forward off CUDA: the torch reference, a format's kernels where it
         has some."""
         return layer.forward_reference(x, ids, weights)
-
-    def experts_mlp(
-        self, layer: nn.Module, experts: list[int], x: torch.Tensor, sizes: list[int]
-    ) -> torch.Tensor:
-        """Local expert experts[i]'s MLP on the i-th block of x's rows (sizes[i] of them, in
-        order): [sum(sizes), H]. A format may run the experts together."""
-        blocks = x.split(sizes)
-        return torch.cat([self.expert_mlp(layer, e, b) for e, b in zip(experts, blocks)])
 
     def expert_mlp(self, layer: nn.Module, local: int, x: torch.Tensor) -> torch.Tensor:
         """act(x W13^T + b13) W2^T + b2 for local expert `local`, x [n, H] -> [n, H]."""
