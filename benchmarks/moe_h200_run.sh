@@ -25,6 +25,15 @@
 #                              the Triton GEMMs at 64-8,192 tokens (writes "grouped_mm" into
 #                              this tree's table and $OUT where it wins); then 256 x 1,024;
 #                              PARTS=gmm-tests: the fused-MoE and MoE-model GPU tests
+#   PARTS="norm-tests qwen1 qwen1-unfused"   per-head q / k norms in the attention backend's
+#                              kernel A, and the norm + router gemv at batch 1: their GPU
+#                              tests (kernel cases, Qwen3 / Gemma models in graphs), then
+#                              batch 1 with them and without (CADENCE_BACKEND_HEAD_NORMS=0
+#                              CADENCE_GEMV=o), in one lease
+#   PARTS=attn-sweep           kernel B's prefill tiles on 8 x 1,024-token prompts, 32 / 4
+#                              heads (Qwen3-30B-A3B) and 32 / 8 (benchmarks/split_kv_sweep.py)
+#   PARTS=gpu-tests            norm-tests' and gmm-tests' tests in one run, with the GGUF
+#                              experts expanded on CUDA (tests/loader/test_gguf_moe.py)
 #   PARTS="profile profile-prefill profile-mixtral"   benchmarks/profile_step.py: Qwen3-30B-A3B's
 #                              batch-1 decode step; the throughput case's phases (a batch-256
 #                              decode step, a mixed step, an 8,192-token prefill) on Qwen3-30B-A3B
@@ -108,9 +117,30 @@ if has gmm-tests; then  # the fused-MoE kernels and the MoE / per-head-norm mode
     -k "fused_moe or pair or qwen3 or mixtral or gemma or granite or olmoe" -p no:cacheprovider \
     2>&1 | tail -3 | tee -a "$LOG"
 fi
+if has gpu-tests; then  # norm-tests and gmm-tests in one pytest, and GGUF experts on CUDA
+  python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
+    tests/ops/test_fused.py tests/ops/test_fused_moe.py tests/ops/test_moe_grouped_mm.py \
+    tests/loader/test_gguf_moe.py -p no:cacheprovider \
+    -k "gpu or head_norm or on_cuda or fused_moe or pair or qwen3 or mixtral or gemma or granite or olmoe or grouped" \
+    2>&1 | tail -15 | tee -a "$LOG"
+fi
+if has attn-sweep; then  # kernel B's prefill tile at Qwen3's 8-head groups (8 x 1,024 tokens)
+  for kv in 4 8; do  # Qwen3-30B-A3B's 32 / 4 heads, then Llama's 32 / 8
+    timeout 150 python3 benchmarks/split_kv_sweep.py --part prefill --kv-heads $kv --prompts 8 \
+      --length 1024 > "$OUT/attn_sweep_kv$kv.log" 2>&1
+    grep -E "best|Error" "$OUT/attn_sweep_kv$kv.log" | tee -a "$LOG"
+  done
+fi
+if has norm-tests; then  # kernel A's per-head norms, the norm + router gemv, whole models
+  python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
+    tests/ops/test_fused.py -k "head_norm or qwen3 or gemma or on_cuda" \
+    -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
+fi
 has mixtral1 && lat mixtral mixtral-8x7b 1
 has qwen && { lat qwen3 qwen3-30b-a3b 1; lat qwen3 qwen3-30b-a3b 64; }
 has qwen1 && lat qwen3 qwen3-30b-a3b 1  # (batch 1 alone: after a sweep of the thin tiles)
+has qwen1-unfused && CADENCE_BACKEND_HEAD_NORMS=0 CADENCE_GEMV=o lat qwen3_unfused qwen3-30b-a3b 1
+has qwen1-qkv && CADENCE_GEMV=o,router,qkv lat qwen3_qkv qwen3-30b-a3b 1  # the qkv gemv too
 has qwen1-fp8 && lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8
 if has profile; then  # where a batch-1 decode step's time goes
   python3 benchmarks/profile_step.py benchmarks/qwen3-30b-a3b --batch-size 1 --output-len 64 \

@@ -82,12 +82,13 @@ def sweep_split(results: dict, quick: bool) -> None:
         results[f"split_b{b}_ctx{ctx}"] = {"no_split_us": base, "rows": rows}
 
 
-def sweep_prefill(results: dict, quick: bool, length: int = 8000) -> None:
+def sweep_prefill(results: dict, quick: bool, length: int = 8000, prompts: int = 1) -> None:
+    """`prompts` causal prompts of `length` tokens in one step (ARGS' heads)."""
     torch.manual_seed(0)
-    step = make_step([length], [length], ARGS)
+    step = make_step([length] * prompts, [length] * prompts, ARGS)
     q, k, v, cache, meta = step
-    flops = 4 * 32 * 128 * length * (length + 1) / 2
-    backend = tp.TritonAttentionBackend(num_kv_heads=8)
+    flops = 4 * ARGS.heads * ARGS.head_dim * length * (length + 1) / 2 * prompts
+    backend = tp.TritonAttentionBackend(num_kv_heads=ARGS.kv_heads)
     defaults = (tp.MAX_BLOCK_M, tp.BLOCK_N, tp.PREFILL_NUM_WARPS, tp.PREFILL_NUM_STAGES)
     two_phase = tp.PREFILL_TWO_PHASE
     configs = list(itertools.product((64, 128), (64, 128), (4, 8), (2, 3), (True,)))
@@ -109,15 +110,19 @@ def sweep_prefill(results: dict, quick: bool, length: int = 8000) -> None:
             print(f"  prefill {bm}x{bn} w{warps} s{stages}: {type(e).__name__}")
             continue
         rows.append((us, bm, bn, warps, stages, phases))
-        print(f"  prefill {length}: {bm}x{bn} w{warps} s{stages} two-phase {phases}: {us:8.1f} us "
+        print(f"  prefill {prompts}x{length}: {bm}x{bn} w{warps} s{stages} two-phase {phases}: {us:8.1f} us "
               f"{flops / us / 1e6:6.1f} TFLOP/s", flush=True)  # fmt: skip
     tp.MAX_BLOCK_M, tp.BLOCK_N, tp.PREFILL_NUM_WARPS, tp.PREFILL_NUM_STAGES = defaults
     tp.PREFILL_TWO_PHASE = two_phase
     rows.sort()
     best = rows[0]
-    print(f"prefill {length} tokens, one layer: best {best[0]:.0f} us = "
-          f"{flops / best[0] / 1e6:.0f} TFLOP/s at {best[1:]}", flush=True)  # fmt: skip
-    results[f"prefill_{length}"] = {"flops": flops, "rows": rows}
+    print(f"prefill {prompts} x {length} tokens, {ARGS.heads}/{ARGS.kv_heads} heads, one layer: "
+          f"best {best[0]:.0f} us = {flops / best[0] / 1e6:.0f} TFLOP/s at {best[1:]}",
+          flush=True)  # fmt: skip
+    results[f"prefill_{prompts}x{length}_g{ARGS.heads // ARGS.kv_heads}"] = {
+        "flops": flops,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -125,12 +130,18 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="the current settings alone")
     ap.add_argument("--part", choices=["split", "prefill", "all"], default="all")
+    ap.add_argument(
+        "--kv-heads", type=int, default=ARGS.kv_heads, help="prefill: 4 for Qwen3-30B-A3B"
+    )
+    ap.add_argument("--prompts", type=int, default=1, help="prefill: prompts in the step")
+    ap.add_argument("--length", type=int, default=8000, help="prefill: tokens a prompt")
     args = ap.parse_args()
     results: dict = {}
     if args.part in ("split", "all"):
         sweep_split(results, args.quick)
     if args.part in ("prefill", "all"):
-        sweep_prefill(results, args.quick)
+        ARGS.kv_heads = args.kv_heads
+        sweep_prefill(results, args.quick, args.length, args.prompts)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

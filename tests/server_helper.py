@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -54,29 +55,50 @@ def engine_threads() -> list[str]:
 
 class Server:
     def __init__(self, args: list[str], env: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         if "--cpu-threads" not in args:
             args = [*args, *engine_threads()]
-        cmd = [sys.executable, "-m", "cadence.cli.main", "serve", "--port", str(self.port), *args]
-        # CADENCE_TEST_SERVER_LOG=1 shows the server's log in the test output.
-        self.log = None if os.environ.get("CADENCE_TEST_SERVER_LOG") else subprocess.DEVNULL
+        self._args, self._env = args, {**os.environ, **(env or {})}
+        self._start()
+
+    def _start(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "cadence.cli.main", "serve", "--port", str(self.port)]
+        # CADENCE_TEST_SERVER_LOG=1 shows the server's log in the test output; otherwise it
+        # goes to a temporary file whose end a failed start reports (a CI flake says why).
+        show = os.environ.get("CADENCE_TEST_SERVER_LOG")
+        self.log = None if show else tempfile.TemporaryFile()  # noqa: SIM115 (the server's life)
         self.proc = subprocess.Popen(
-            cmd, env={**os.environ, **(env or {})}, stdout=self.log, stderr=self.log
+            [*cmd, *self._args], env=self._env, stdout=self.log, stderr=subprocess.STDOUT
         )
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines the server printed ("" when shown live)."""
+        if self.log is None:
+            return ""
+        self.log.seek(0)
+        return "\n".join(self.log.read().decode(errors="replace").splitlines()[-lines:])
+
     def wait_ready(self, timeout: float = 180.0) -> None:
+        """Until /health answers 200. A server that lost its port between free_port() and
+        its bind (another process took it: uvicorn exits 3) starts again on another."""
         deadline = time.monotonic() + timeout
+        restarts = 2
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}")
+                code, tail = self.proc.returncode, self.log_tail()
+                if code == 3 and "address already in use" in tail and restarts:
+                    restarts -= 1
+                    self._start()
+                    continue
+                raise RuntimeError(f"server exited with {code}; its log ends:\n{tail}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError("server did not become healthy")
+        raise TimeoutError(f"server did not become healthy; its log ends:\n{self.log_tail()}")
 
     def engine_pid(self) -> int:
         """The engine core process: the child of the server named cadence::engine."""

@@ -68,6 +68,9 @@ class BackendCapabilities:
     softcap: bool = False  # forward(softcap=c): scores pass through c * tanh(score / c)
     sinks: bool = False  # forward(sinks=s): a logit per head that joins each softmax sum
     key_limits: bool = False  # meta.key_limits: a query may see keys after its own position
+    # forward(head_norm=(q_w, k_w, eps, gemma)): an RMSNorm over each head of q and k before
+    # the backend rotates them (the model then skips its own q / k norm launches)
+    head_norm: bool = False
 
 
 class AttentionBackend(abc.ABC):

@@ -68,7 +68,7 @@ from cadence.attention.base import (
     is_fp8,
 )
 from cadence.attention.triton_kernels import NO_WINDOW, paged_attention_kernel
-from cadence.attention.triton_write_kv import write_kv
+from cadence.attention.triton_write_kv import HeadNorm, write_kv
 from cadence.ops.fused import INTERPRETER as _INTERPRETER
 from cadence.ops.fused import pdl
 
@@ -166,6 +166,7 @@ class TritonAttentionBackend(AttentionBackend):
         softcap=True,
         sinks=True,
         key_limits=True,
+        head_norm=True,
     )
     MIXED_GRAPH_WORK_Q = MAX_WORK_Q  # query tokens per work item in mixed-step graphs
 
@@ -321,11 +322,13 @@ class TritonAttentionBackend(AttentionBackend):
         q: torch.Tensor | None = None,
         rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_scale: tuple[float, float] = (1.0, 1.0),
+        head_norm: HeadNorm | None = None,
     ) -> None:
         """Kernel A: copy each token's K/V rows into its slot (a slot < 0 is skipped). With
         `rotary` (cos, sin [T, 1, D]), q is rotated in place and k on its way to the cache,
-        in the same launch. An FP8 cache stores k / k_scale and v / v_scale, saturated."""
-        write_kv(k, v, kv_cache, slot_mapping, q, rotary, kv_scale)
+        in the same launch; with `head_norm`, each head of both is RMS-normed first. An FP8
+        cache stores k / k_scale and v / v_scale, saturated."""
+        write_kv(k, v, kv_cache, slot_mapping, q, rotary, kv_scale, head_norm)
 
     def forward_latent(
         self,
@@ -357,6 +360,7 @@ class TritonAttentionBackend(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        head_norm: HeadNorm | None = None,
     ) -> torch.Tensor:
         plan: TritonPlan = meta.backend_data
         num_tokens, num_heads, head_dim = q.shape
@@ -377,7 +381,7 @@ class TritonAttentionBackend(AttentionBackend):
             return out
 
         kv_scale = kv_scale if is_fp8(kv_cache.dtype) else (1.0, 1.0)
-        self.write_kv(k, v, kv_cache, meta.slot_mapping, q, rotary, kv_scale)
+        self.write_kv(k, v, kv_cache, meta.slot_mapping, q, rotary, kv_scale, head_norm)
         use_pdl = pdl(q.device)
 
         group = num_heads // num_kv_heads

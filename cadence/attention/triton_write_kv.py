@@ -1,6 +1,9 @@
 """Kernel A of the Triton paged-attention backend (planned in triton_paged.py) and its
 launch: rotate q in place and write the step's rotated K and V into their cache slots,
-scaled and rounded to e4m3 for an FP8 cache."""
+scaled and rounded to e4m3 for an FP8 cache. A model that norms each head of q and k
+before rotary (Qwen3, Gemma 3) may hand over the norms' weights: then q is normed and
+rotated in place and k normed on its way to the cache, in this one launch, rounded as the
+RMSNorm modules round (two launches a layer fewer than the modules' own kernels)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import triton.language as tl
 
 from cadence.attention.base import is_fp8
 from cadence.ops.fused import INTERPRETER as _INTERPRETER
-from cadence.ops.fused import gdc_wait, pdl, rotate_half_rows
+from cadence.ops.fused import gdc_wait, pdl, rotate_half_rows, scaled_head_halves
 
 # ---------------------------------------------------------------------------------------
 # Kernel A: write the step's K/V into the cache.
@@ -59,12 +62,17 @@ def write_kv_kernel(
     num_kv_heads,
     k_inv_scale,  # FP8 caches: stored = clamp(k / k_scale) (1.0 otherwise, unused)
     v_inv_scale,
+    q_norm_ptr,  # [D] the per-head norms' weights (NORM only)
+    k_norm_ptr,
+    norm_eps,
     BLOCK_SIZE: tl.constexpr,
     HALF: tl.constexpr,  # head_dim // 2
     HALF_PAD: tl.constexpr,  # HALF rounded up to a power of two (a block's width)
     BLOCK_H: tl.constexpr,
     BLOCK_HQ: tl.constexpr,
     ROTARY: tl.constexpr,
+    NORM: tl.constexpr,  # RMSNorm each head of q and k first (q in place)
+    GEMMA_NORM: tl.constexpr,  # NORM's weights are offsets from 1 (Gemma's RMSNorm)
     SCALED: tl.constexpr,  # an FP8 cache: scale and saturate on the way in
     EXACT_ROUND: tl.constexpr,  # round onto the e4m3 grid before the cast (the interpreter)
     PDL: tl.constexpr,
@@ -81,19 +89,23 @@ def write_kv_kernel(
         cos2 = tl.load(cos_ptr + t * stride_cos + HALF + half, mask=half < HALF)
         sin1 = tl.load(sin_ptr + t * stride_cos + half, mask=half < HALF)
         sin2 = tl.load(sin_ptr + t * stride_cos + HALF + half, mask=half < HALF)
-        # q is rotated in place (even for a padding token: harmless, its output is unused).
+    if NORM:  # each half's weights, float32
+        qw1 = tl.load(q_norm_ptr + half, mask=half < HALF, other=0.0).to(tl.float32)
+        qw2 = tl.load(q_norm_ptr + HALF + half, mask=half < HALF, other=0.0).to(tl.float32)
+        kw1 = tl.load(k_norm_ptr + half, mask=half < HALF, other=0.0).to(tl.float32)
+        kw2 = tl.load(k_norm_ptr + HALF + half, mask=half < HALF, other=0.0).to(tl.float32)
+    if ROTARY or NORM:
+        # q is changed in place (even for a padding token: harmless, its output is unused).
         hq = tl.arange(0, BLOCK_HQ)[:, None]
         for h0 in range(0, num_q_heads, BLOCK_HQ):
             qmask = ((h0 + hq) < num_q_heads) & d_ok
             ptr = q_ptr + t * stride_qt + (h0 + hq) * stride_qh + d
-            q1, q2 = rotate_half_rows(
-                tl.load(ptr, mask=qmask, other=0.0),
-                tl.load(ptr + HALF, mask=qmask, other=0.0),
-                cos1,
-                sin1,
-                cos2,
-                sin2,
-            )
+            q1 = tl.load(ptr, mask=qmask, other=0.0)
+            q2 = tl.load(ptr + HALF, mask=qmask, other=0.0)
+            if NORM:
+                q1, q2 = scaled_head_halves(q1, q2, qw1, qw2, norm_eps, 2 * HALF, GEMMA_NORM)
+            if ROTARY:
+                q1, q2 = rotate_half_rows(q1, q2, cos1, sin1, cos2, sin2)
             tl.store(ptr, q1, mask=qmask)
             tl.store(ptr + HALF, q2, mask=qmask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -104,8 +116,10 @@ def write_kv_kernel(
         dst += h * stride_chead + d
         src_k = k_ptr + t * stride_kt + h * stride_kh + d
         src_v = v_ptr + t * stride_vt + h * stride_vh + d
-        k1 = tl.load(src_k, mask=mask)
-        k2 = tl.load(src_k + HALF, mask=mask)
+        k1 = tl.load(src_k, mask=mask, other=0.0)
+        k2 = tl.load(src_k + HALF, mask=mask, other=0.0)
+        if NORM:
+            k1, k2 = scaled_head_halves(k1, k2, kw1, kw2, norm_eps, 2 * HALF, GEMMA_NORM)
         if ROTARY:  # the rotated key goes to the cache only: attention reads keys there
             k1, k2 = rotate_half_rows(k1, k2, cos1, sin1, cos2, sin2)
         v1 = tl.load(src_v, mask=mask)
@@ -122,6 +136,11 @@ def write_kv_kernel(
         tl.store(dst + stride_ckv + HALF, v2.to(out_t), mask=mask)
 
 
+# A per-head RMSNorm of q and k for kernel A: (q weight [D], k weight [D], eps, whether the
+# weights are offsets from 1 as Gemma's RMSNorm stores them).
+HeadNorm = tuple[torch.Tensor, torch.Tensor, float, bool]
+
+
 def write_kv(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -130,15 +149,20 @@ def write_kv(
     q: torch.Tensor | None = None,
     rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
     kv_scale: tuple[float, float] = (1.0, 1.0),
+    head_norm: HeadNorm | None = None,
 ) -> None:
     """Launch kernel A (see TritonAttentionBackend.write_kv)."""
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
+    if (rotary is not None or head_norm is not None) and q is None:
+        raise ValueError("rotary or a head norm needs q")
+    cos = sin = k  # unused pointers without rotary
     if rotary is not None:
         cos, sin = (c.reshape(num_tokens, head_dim) for c in rotary)
-    else:
-        q, cos, sin = k, k, k  # unused pointers
+    if q is None:
+        q = k  # (unused)
+    q_norm, k_norm, eps, gemma = head_norm or (k, k, 0.0, False)
     write_kv_kernel[(num_tokens,)](
         q,
         k,
@@ -162,12 +186,17 @@ def write_kv(
         num_kv_heads,
         1.0 / kv_scale[0],
         1.0 / kv_scale[1],
+        q_norm,
+        k_norm,
+        eps,
         BLOCK_SIZE=kv_cache.shape[2],
         HALF=head_dim // 2,
         HALF_PAD=triton.next_power_of_2(head_dim // 2),
         BLOCK_H=triton.next_power_of_2(num_kv_heads),
         BLOCK_HQ=min(8, triton.next_power_of_2(q.shape[1])),
         ROTARY=rotary is not None,
+        NORM=head_norm is not None,
+        GEMMA_NORM=gemma,
         SCALED=is_fp8(kv_cache.dtype),
         EXACT_ROUND=_INTERPRETER and is_fp8(kv_cache.dtype),
         PDL=pdl(k.device),

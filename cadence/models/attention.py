@@ -23,6 +23,7 @@ The backend does the rest; a layer asks only for what its backend declares it ca
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -32,10 +33,14 @@ from cadence.attention.base import AttentionBackend, AttentionMetadata
 from cadence.distributed.communication import all_reduce
 from cadence.distributed.parallel_state import get_tp
 from cadence.layers.linear import ColumnParallelLinear, ColumnShard, RowParallelLinear, divide
-from cadence.layers.norm import HeadLayerNorm, RMSNorm
+from cadence.layers.norm import GemmaRMSNorm, HeadLayerNorm, RMSNorm
 from cadence.layers.rotary import apply_rotary
 from cadence.models.fused import batch1_gemv
 from cadence.quant.base import shape_of
+
+# Whether per-head q / k norms go to a backend that can apply them (CADENCE_BACKEND_HEAD_NORMS=0:
+# the model's own norm launches, to measure one against the other).
+BACKEND_HEAD_NORMS = os.environ.get("CADENCE_BACKEND_HEAD_NORMS", "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,16 @@ class Attention(nn.Module):
                 "full": (self.q_size, self.kv_size),
             }[options.qk_norm]
             self.q_norm, self.k_norm = options.norm(q_dim, eps), options.norm(k_dim, eps)
+        # Per-head RMSNorms the backend can apply itself, in the launch that rotates q and
+        # k (before rotary, which it must then do too: not interleaved, not partial).
+        self.backend_norms = (
+            BACKEND_HEAD_NORMS
+            and options.qk_norm == "head"
+            and backend.capabilities.head_norm
+            and options.norm in (RMSNorm, GemmaRMSNorm)
+            and not self.rotary_interleaved
+            and self.rotary_dim in (0, self.head_dim)
+        )
         self.sinks = None
         if options.sinks:  # (zeros until loaded: what dummy weights keep)
             self.sinks = nn.Parameter(torch.zeros(self.num_heads, dtype=torch.float32))
@@ -120,7 +135,12 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm in ("head", "per_head"):
+        norms = {}
+        if self.backend_norms:
+            qn, kn = self.q_norm, self.k_norm
+            gemma = type(qn) is GemmaRMSNorm
+            norms = {"head_norm": (qn.weight, kn.weight, qn.eps, gemma)}
+        elif self.qk_norm in ("head", "per_head"):
             q, k = self.q_norm(q), self.k_norm(k)
         rotary = cos_sin[self.rotary_kind] if self.rotary_dim else None
         if rotary is not None and self.rotary_interleaved:
@@ -144,6 +164,7 @@ class Attention(nn.Module):
             window=self.window,
             softcap=self.softcap,
             sinks=self.sinks,
+            **norms,
         )
         out = out.reshape(-1, self.q_size)
         o = self.o_proj

@@ -30,7 +30,7 @@ from cadence.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from cadence.layers.norm import RMSNorm, post_norm_add_norm
 from cadence.layers.rotary import RotaryEmbedding
 from cadence.models.attention import Attention, AttentionOptions, head_dim_of
-from cadence.models.fused import norm_linear
+from cadence.models.fused import norm_linear, norm_router
 from cadence.models.mlp import GatedMLP
 from cadence.models.moe import SparseMoE
 from cadence.models.weights import load_checkpoint
@@ -66,8 +66,8 @@ class PreNormLayer(_Layer):
         if self.residual_scale != 1.0:
             x = x * self.residual_scale
         if isinstance(mlp, SparseMoE):  # a mixture routes the normed hidden state itself
-            x, residual = self.post_attention_layernorm(x, residual)
-            x = mlp(x)
+            logits, x, residual = norm_router(x, residual, self.post_attention_layernorm, mlp.gate)
+            x = mlp(x, logits)
         else:
             gate_up, residual = norm_linear(
                 x, residual, self.post_attention_layernorm, mlp.gate_up_proj, "gate_up"

@@ -1,6 +1,6 @@
 """The batch-1 fused paths the decoder blocks share: on CUDA, a single decode row of 16-bit
 activations through a plain weight takes cadence.ops.gemv's fused kernels (norm + GEMV,
-SiLU-mul + GEMV) instead of a separate kernel per op."""
+SiLU-mul + GEMV, norm + a mixture's router) instead of a separate kernel per op."""
 
 from __future__ import annotations
 
@@ -40,3 +40,27 @@ def norm_linear(x, residual, norm: nn.Module, linear: ColumnParallelLinear, proj
     else:
         x, residual = norm(x, residual)
     return linear(x), residual
+
+
+def norm_router(x, residual, norm: nn.Module, router: nn.Module):
+    """(router logits or None, norm(x + residual), x + residual) for a mixture-of-experts
+    block: at batch 1, where the fused gemv serves (a plain RMSNorm, a 16-bit router of the
+    activations' dtype), one kernel gives all three; otherwise the norm alone runs here and
+    the logits are None (the block routes itself)."""
+    if (
+        type(norm) is RMSNorm
+        and x.shape[0] == 1
+        and x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and router.weight.dtype == x.dtype
+        and x.is_contiguous()
+        and residual is not None
+    ):
+        from cadence.ops import gemv
+
+        if "router" in gemv.FUSED_PROJECTIONS:
+            return gemv.rms_norm_gemv(
+                x, residual, norm.weight, norm.eps, router.weight, router.bias, keep_normed=True
+            )
+    x, residual = norm(x, residual)
+    return None, x, residual

@@ -403,10 +403,13 @@ class SparseMoE(nn.Module):
             if options.shared_gate:
                 self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output for the normed hidden state x [T, H]; `logits`: the router's
+        product of x where the caller already has it (models/fused.py norm_router)."""
         opts = self.options
         dtype = torch.float32 if opts.float32_weights else x.dtype
-        logits = self.gate(x)
+        if logits is None:
+            logits = self.gate(x)
         if opts.plain_topk:
             out = self.experts.forward_routed(x, logits, opts.top_k, opts.renormalize, dtype)
         else:

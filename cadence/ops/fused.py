@@ -112,6 +112,23 @@ def _scaled_rows(xf, w, eps, n_cols, dtype: tl.constexpr, GEMMA: tl.constexpr):
     return (w[None, :] * x_hat.to(dtype).to(tl.float32)).to(dtype)
 
 
+@triton.jit
+def scaled_head_halves(x1, x2, w1, w2, eps, head_dim, GEMMA: tl.constexpr):
+    """_scaled_rows for heads held as their two halves x1, x2 [rows, D/2] (as the rotary
+    kernels hold them), weights w1, w2 [D/2] float32: the RMSNorm of each whole head, each
+    half rounded to x's dtype as the torch modules round. Returns the two halves."""
+    dtype = x1.dtype
+    a, b = x1.to(tl.float32), x2.to(tl.float32)
+    var = (tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / head_dim
+    rstd = tl.math.rsqrt(var + eps)[:, None]
+    a, b = a * rstd, b * rstd
+    if GEMMA:
+        return (a * (1.0 + w1[None, :])).to(dtype), (b * (1.0 + w2[None, :])).to(dtype)
+    a = w1[None, :] * a.to(dtype).to(tl.float32)
+    b = w2[None, :] * b.to(dtype).to(tl.float32)
+    return a.to(dtype), b.to(dtype)
+
+
 # Elements a program of narrow rows takes: per-head norms (128 wide) norm 16 heads a program,
 # not one (a 8,192-token prefill's q norm was 262,144 programs of one head each).
 _NORM_TILE = 2048

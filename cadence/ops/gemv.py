@@ -13,6 +13,9 @@ on the fly from what the previous layer left:
     gemv(x, W)                         W x
     rms_norm_gemv(x, res, w_n, eps, W) W rmsnorm(x + res) and x + res: the decoder's
                                        residual add and norm folded into the projection
+    rms_norm_gemv(..., keep_normed=True)   also rmsnorm(x + res) itself, rounded as the
+                                       RMSNorm module rounds (a mixture's router: its
+                                       experts take the normed row too)
     silu_mul_gemv(gu, W)               W (silu(gate) * up), gu = [gate | up]: the MLP's
                                        activation folded into the down projection
 
@@ -56,10 +59,13 @@ LONG_NUM_WARPS = 4
 # 4.72 ms; all four 5.09 ms. The launches saved do not pay for these kernels' lower
 # bandwidth on the big shapes (qkv: 384 programs of 16 rows are ~1.5 waves on 132 SMs, and
 # the K loop is not software-pipelined), so only o_proj takes a gemv, and the fused
-# prologues wait for a faster kernel.
-FUSED_PROJECTIONS = frozenset(os.environ.get("CADENCE_GEMV", "o").replace(" ", "").split(",")) - {
-    ""
-}
+# prologues wait for a faster kernel. A mixture's router ("router": E x H, 128 x 2,048 on
+# Qwen3-30B-A3B) is small enough that the launch is the cost: its norm and residual add
+# fold into it, one launch where there were two (models/fused.py norm_router).
+_DEFAULT = "o,router"
+FUSED_PROJECTIONS = frozenset(
+    os.environ.get("CADENCE_GEMV", _DEFAULT).replace(" ", "").split(",")
+) - {""}
 
 _PLAIN, _RMS_NORM, _SILU_MUL = 0, 1, 2
 
@@ -70,6 +76,7 @@ def _gemv_kernel(
     res_ptr,
     norm_w_ptr,
     res_out_ptr,
+    normed_ptr,
     w_ptr,
     b_ptr,
     y_ptr,
@@ -80,6 +87,7 @@ def _gemv_kernel(
     PROLOGUE: tl.constexpr,  # 0: x; 1: rmsnorm(x [+ res]); 2: silu(x[:K]) * x[K:]
     HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    KEEP_NORMED: tl.constexpr,  # PROLOGUE 1: program 0 also writes rmsnorm(x + res)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -121,7 +129,20 @@ def _gemv_kernel(
         acc += w.to(tl.float32) * xf[None, :]
     y = tl.sum(acc, 1)
     if PROLOGUE == 1:
-        y = y * tl.math.rsqrt(tl.sum(sum_sq, 0) / K + eps)
+        rstd = tl.math.rsqrt(tl.sum(sum_sq, 0) / K + eps)
+        y = y * rstd
+        if KEEP_NORMED and pid == 0:  # a second pass over the row (4-16 KB: cached)
+            for k0 in range(0, K, BLOCK_K):
+                cols = k0 + tl.arange(0, BLOCK_K)
+                col_ok = cols < K
+                x = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
+                if HAS_RESIDUAL:
+                    r = tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                    x = (x.to(tl.float32) + r).to(x.dtype)
+                w_n = tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                # w * (x * rstd).to(dtype), rounded twice as layers.norm.RMSNorm rounds
+                normed = w_n * (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+                tl.store(normed_ptr + cols, normed.to(x.dtype), mask=col_ok)
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
@@ -136,6 +157,7 @@ def _launch(
     residual: torch.Tensor | None = None,
     norm_weight: torch.Tensor | None = None,
     eps: float = 0.0,
+    normed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     n, wk = weight.shape
     if wk != k or weight.stride(1) != 1 or x.shape[0] != 1 or x.stride(-1) != 1:
@@ -152,6 +174,7 @@ def _launch(
         residual if residual is not None else x,
         norm_weight if norm_weight is not None else x,
         res_out if res_out is not None else y,
+        normed if normed is not None else y,
         weight,
         bias if bias is not None else weight,
         y,
@@ -162,6 +185,7 @@ def _launch(
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
+        KEEP_NORMED=normed is not None,
         BLOCK_N=block_n,
         BLOCK_K=BLOCK_K,
         PDL=pdl(x.device),
@@ -184,11 +208,17 @@ def rms_norm_gemv(
     eps: float,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    keep_normed: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """(W rmsnorm(x + residual) (+ bias), x + residual) for one row, as RMSNorm then the
-    linear layer; without a residual the second value is x itself."""
-    y, res_out = _launch(x, weight, bias, x.shape[-1], _RMS_NORM, residual, norm_weight, eps)
-    return y, (res_out if res_out is not None else x)
+    linear layer; without a residual the second value is x itself. `keep_normed`:
+    (W rmsnorm(x + residual), rmsnorm(x + residual), x + residual)."""
+    normed = torch.empty_like(x) if keep_normed else None
+    y, res_out = _launch(
+        x, weight, bias, x.shape[-1], _RMS_NORM, residual, norm_weight, eps, normed
+    )
+    res_out = res_out if res_out is not None else x
+    return (y, normed, res_out) if keep_normed else (y, res_out)
 
 
 def silu_mul_gemv(

@@ -56,6 +56,9 @@ class Case:
     # (request, lo, hi): positions [lo, hi) of a request see each other both ways (an image
     # of Gemma 3's): the step's key limits
     spans: tuple[tuple[int, int, int], ...] = ()
+    # "rms" / "gemma": the backend norms each head of q and k (kernel A) before rotary, with
+    # random weights, as the model's RMSNorm / GemmaRMSNorm modules would
+    head_norm: str | None = None
 
 
 def _random_mixed(seed: int, num_reqs: int, max_ctx: int, **kw) -> Case:
@@ -118,6 +121,13 @@ CPU_CASES = [
     Case("softcap_window_split", (1, 1, 9), (300, 64, 9), window=50, softcap=3.0,
          split_kv=True),
     Case("head_dim_96_rotary", (1, 21, 1), (80, 50, 33), 6, 2, 96, rotary=True),
+    # Per-head norms in kernel A (Qwen3's, Gemma 3's): with rotary and without.
+    Case("head_norm_rotary_bf16_g8", (1, 9, 1), (90, 30, 140), 8, 1, 128, dtype="bfloat16",
+         rotary=True, head_norm="rms"),
+    Case("head_norm_gemma_fp16", (1, 5), (40, 20), 4, 2, dtype="float16", rotary=True,
+         head_norm="gemma"),
+    Case("head_norm_no_rotary_bf16", (3, 1), (3, 50), 4, 2, dtype="bfloat16", head_norm="rms"),
+    Case("head_norm_d96_f32", (1, 6), (30, 6), 4, 2, 96, rotary=True, head_norm="rms"),
     Case("head_dim_80_split_bf16", (1, 1), (333, 90), 4, 1, 80, dtype="bfloat16",
          split_kv=True),
     # Key limits: a span inside a chunk, one begun in the cached prefix, one across a
@@ -197,6 +207,7 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
     from cadence.attention.triton_paged import TritonAttentionBackend
 
     q, k, v, cache, meta = _make_batch(case, device)
+    k_raw = k
     scale = case.head_dim**-0.5
     rotary = _rotary_tables(case, device) if case.rotary else None
     sinks = None
@@ -204,11 +215,17 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         g = torch.Generator().manual_seed(case.seed + 1)
         sinks = (torch.randn(case.num_heads, generator=g) * 2).to(device)
 
+    head_norm, q_normed, k_normed = None, q, k
+    if case.head_norm:  # the model's modules norm q and k in the activation dtype
+        q_norm, k_norm = (_head_norm_module(case, seed).to(device) for seed in (1, 2))
+        with torch.no_grad():
+            q_normed, k_normed = q_norm._norm(q), k_norm._norm(k)
+        head_norm = (q_norm.weight, k_norm.weight, q_norm.eps, case.head_norm == "gemma")
     ref_cache = cache.float()
     ref_backend = TorchAttentionBackend()
     ref = ref_backend.forward(  # copies: a backend may rotate q and k in place
-        q.float().clone(),
-        k.float().clone(),
+        q_normed.float().clone(),
+        k_normed.float().clone(),
         v.float(),
         ref_cache,
         ref_backend.build(meta()),
@@ -220,6 +237,7 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
     )
     # The cache the backend must leave: the step's K (rotated, by PyTorch's ops in the
     # activation dtype) and V copied into their slots.
+    k = k_normed if head_norm else k  # (kernel A norms the raw k: passed below)
     want_k = k if rotary is None else k * rotary[0] + _rotate_half(k) * rotary[1]
     want_cache = cache.clone()
     m = meta()
@@ -237,9 +255,12 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         m.backend_data = backend.decode_plan(
             len(case.query_lens), torch.device(device), split=bool(case.split_kv)
         )
+    extra = {"head_norm": head_norm} if head_norm else {}
+    k_in = k if head_norm is None else k_raw
     out = backend.forward(
-        q, k, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap, sinks=sinks
-    )
+        q, k_in, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap,
+        sinks=sinks, **extra,
+    )  # fmt: skip
     if device != "cpu":
         torch.cuda.synchronize()
     err = (out.float() - ref).abs()
@@ -251,7 +272,9 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         "max_err": float(err.max()),
         "num_bad": int(bad.sum()),
         "cache_exact": bool(torch.equal(cache.isnan(), want_cache.isnan()))
-        and _same_cache(cache.nan_to_num(), want_cache.nan_to_num(), exact=not case.rotary),
+        and _same_cache(
+            cache.nan_to_num(), want_cache.nan_to_num(), exact=not (case.rotary or head_norm)
+        ),
         "split_requests": int(m.backend_data.split_req.numel()),
         "cache_max_err": float(
             (cache.nan_to_num().float() - want_cache.nan_to_num().float()).abs().max()
@@ -270,6 +293,17 @@ def _rotary_tables(case: Case, device) -> tuple[torch.Tensor, torch.Tensor]:
     pos = torch.cat([torch.arange(s - q, s) for q, s in zip(case.query_lens, case.seq_lens)])
     cos, sin = rope.lookup(pos, DTYPES[case.dtype])
     return cos.to(device), sin.to(device)
+
+
+def _head_norm_module(case: Case, seed: int):
+    """An RMSNorm (or Gemma's) over one head, with random weights in the activation dtype."""
+    from cadence.layers.norm import GemmaRMSNorm, RMSNorm
+
+    norm = (GemmaRMSNorm if case.head_norm == "gemma" else RMSNorm)(case.head_dim, 1e-6)
+    g = torch.Generator().manual_seed(case.seed * 10 + seed)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(case.head_dim, generator=g) * 0.5 + 1.0)
+    return norm.to(DTYPES[case.dtype])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -414,6 +448,11 @@ GPU_CASES = [
          window=2047, rotary=True),
     Case("phi3_decode64_d96", (1,) * 64, tuple(100 + 60 * i for i in range(64)), 32, 32, 96,
          dtype="bfloat16", window=2047),
+    # Qwen3-30B-A3B: 32 query heads over 4, each head of q and k normed in kernel A.
+    Case("qwen3_head_norm_decode64", (1,) * 64, tuple(100 + 7 * i for i in range(64)), 32, 4,
+         128, dtype="bfloat16", rotary=True, head_norm="rms"),
+    Case("qwen3_head_norm_prefill", (700, 1, 1), (700, 900, 40), 32, 4, 128, dtype="bfloat16",
+         rotary=True, head_norm="rms"),
     # GPT-OSS-20B: 64 query heads over 8, head dim 64, sinks, window 128 on alternate layers.
     Case("gptoss_mixed_sinks_window", (1, 600, 1) + (1,) * 8, (3000, 900, 70) + (500,) * 8,
          64, 8, 64, dtype="bfloat16", window=128, sinks=True, rotary=True),

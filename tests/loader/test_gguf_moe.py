@@ -232,3 +232,18 @@ def test_bf16_keeps_the_experts_packed(served):
     assert llm.engine.runner.driver.model.layers[0].mlp.experts.quant_method.name == "gguf"
     out = _greedy(llm, make_prompts(512, [9], seed=8), 5)
     assert len(out[0]) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_blocks_on_a_gpu_expand_to_the_stacks_and_serve_the_models_tokens(served):
+    """On CUDA the experts' blocks are expanded into the stacks the fused-MoE kernels read
+    (float32 here), and the tokens are transformers' in a mixed batch."""
+    _, model, folder = served
+    prompts = make_prompts(512, [3, 37, 12], seed=4)
+    llm = LLM(str(folder), device="cuda", dtype="float32", quantization="gguf",
+              skip_tokenizer_init=True, max_num_batched_tokens=32,
+              num_gpu_blocks_override=64)  # fmt: skip
+    experts = llm.engine.runner.driver.model.layers[0].mlp.experts
+    assert experts.w13_weight is not None and experts.w13_weight.is_cuda
+    assert _greedy(llm, prompts, 8) == [hf_greedy(model, p, 8) for p in prompts]

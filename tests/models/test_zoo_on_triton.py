@@ -1,6 +1,7 @@
 """The Triton attention kernels inside a whole model of the zoo, on the CPU: Gemma 2's
-interleaved sliding windows and soft-capped scores, and DeepSeek-V3's latent attention,
-give transformers' greedy tokens in float32 with chunked prefill beside decodes. (Head dims that are not powers of two have
+interleaved sliding windows and soft-capped scores, Qwen3's per-head q / k norms (applied
+by the backend's kernel A as it rotates), and DeepSeek-V3's latent attention, give
+transformers' greedy tokens in float32 with chunked prefill beside decodes. (Head dims that are not powers of two have
 their interpreter cases in tests/attention/test_triton_paged.py, and a whole model with
 one, Mistral at head dim 24, runs on the GPU in tests/worker/test_cuda_runner.py.)
 
@@ -20,7 +21,7 @@ import pytest
 from interpreter_child import interpreter_report
 from model_helpers import WINDOW, hf_greedy, make_prompts
 
-KINDS = ["gemma2", "deepseek-v3"]  # (and DeepSeek's latent attention: triton_mla.py)
+KINDS = ["gemma2", "qwen3", "deepseek-v3"]  # (and DeepSeek's latent attention: triton_mla.py)
 LENGTHS = [3, 2 * WINDOW + 5, 40]
 NEW_TOKENS = 6
 
@@ -41,6 +42,7 @@ def test_zoo_on_the_triton_kernels_equals_transformers(
     expected = [hf_greedy(model, p, NEW_TOKENS) for p in prompts]
     got = triton_tokens[kind]
     assert got["backend"] == "triton"
+    assert got["backend_norms"] == (kind == "qwen3")  # kernel A norms Qwen3's heads
     assert got["tokens"] == expected
 
 
@@ -68,8 +70,10 @@ def _child(paths: dict[str, str]) -> None:
             num_gpu_blocks_override=64,
         )
         outs = llm.generate(prompts, params, use_tqdm=False)
+        model = llm.engine.runner.driver.model
         report[kind] = {
             "backend": llm.engine.runner.driver.backend.name,
+            "backend_norms": any(getattr(m, "backend_norms", False) for m in model.modules()),
             "tokens": [o.outputs[0].token_ids for o in outs],
         }
     print(json.dumps(report))

@@ -132,6 +132,13 @@ def check_all(device: str) -> None:
             got, same = rms_norm_gemv(x, None, norm.weight, norm.eps, layer.weight, layer.bias)
             torch.testing.assert_close(got, layer(norm._norm(x)), atol=gtol, rtol=gtol)
             assert same is x  # no residual yet: the stream is x itself
+            # keep_normed (a mixture's router): the normed row too, as RMSNorm rounds it.
+            got, normed, got_res = rms_norm_gemv(
+                x, r, norm.weight, norm.eps, layer.weight, layer.bias, keep_normed=True
+            )
+            torch.testing.assert_close(got, layer(want), atol=gtol, rtol=gtol)
+            torch.testing.assert_close(normed, want, atol=tol, rtol=tol)
+            torch.testing.assert_close(got_res, want_res, atol=tol, rtol=tol)
             # SiLU-and-mul folded into the next projection: gate_up is [gate | up], 2K wide.
             gate_up = torch.randn(1, 2 * k, device=device, dtype=dtype)
             torch.testing.assert_close(
