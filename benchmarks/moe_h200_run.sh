@@ -32,6 +32,7 @@
 #                              CADENCE_GEMV=o), in one lease
 #   PARTS=attn-sweep           kernel B's prefill tiles on 8 x 1,024-token prompts, 32 / 4
 #                              heads (Qwen3-30B-A3B) and 32 / 8 (benchmarks/split_kv_sweep.py)
+#   PARTS=silu                 fused.silu_and_mul's program sizes (benchmarks/silu_mul_bench.py)
 #   PARTS=gpu-tests            norm-tests' and gmm-tests' tests in one run, with the GGUF
 #                              experts expanded on CUDA (tests/loader/test_gguf_moe.py)
 #   PARTS="profile profile-prefill profile-mixtral"   benchmarks/profile_step.py: Qwen3-30B-A3B's
@@ -118,7 +119,7 @@ if has gmm-tests; then  # the fused-MoE kernels and the MoE / per-head-norm mode
     2>&1 | tail -3 | tee -a "$LOG"
 fi
 if has gpu-tests; then  # norm-tests and gmm-tests in one pytest, and GGUF experts on CUDA
-  python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
+  timeout 330 python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
     tests/ops/test_fused.py tests/ops/test_fused_moe.py tests/ops/test_moe_grouped_mm.py \
     tests/loader/test_gguf_moe.py -p no:cacheprovider \
     -k "gpu or head_norm or on_cuda or fused_moe or pair or qwen3 or mixtral or gemma or granite or olmoe or grouped" \
@@ -131,8 +132,12 @@ if has attn-sweep; then  # kernel B's prefill tile at Qwen3's 8-head groups (8 x
     grep -E "best|Error" "$OUT/attn_sweep_kv$kv.log" | tee -a "$LOG"
   done
 fi
+if has silu; then  # silu_and_mul's program sizes at prefill-step shapes
+  timeout 120 python3 benchmarks/silu_mul_bench.py > "$OUT/silu_mul.log" 2>&1
+  tee -a "$LOG" < "$OUT/silu_mul.log" | tail -4
+fi
 if has norm-tests; then  # kernel A's per-head norms, the norm + router gemv, whole models
-  python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
+  timeout 330 python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
     tests/ops/test_fused.py -k "head_norm or qwen3 or gemma or on_cuda" \
     -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
 fi

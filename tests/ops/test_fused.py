@@ -87,6 +87,10 @@ def check_all(device: str) -> None:
         buf = torch.randn(4, 2 * 48 + 8, device=device, dtype=dtype)
         x = buf[:, : 2 * 48]
         torch.testing.assert_close(fused.silu_and_mul(x), SiluAndMul()(x), atol=tol, rtol=tol)
+        # several rows a program, the last program's cut short; a width past one block
+        for rows, width in ((37, 100), (5, 1100)):
+            y = torch.randn(rows, 2 * width, device=device, dtype=dtype)
+            torch.testing.assert_close(fused.silu_and_mul(y), SiluAndMul()(y), atol=tol, rtol=tol)
         gate, up = x.chunk(2, dim=-1)
         torch.testing.assert_close(
             fused.silu_and_mul(x, gelu_tanh=True),
