@@ -53,8 +53,10 @@ def norm_router(x, residual, norm: nn.Module, router: nn.Module):
         and x.is_cuda
         and x.dtype in (torch.bfloat16, torch.float16)
         and router.weight.dtype == x.dtype
-        and x.is_contiguous()
+        and router.weight.is_contiguous()
         and residual is not None
+        and x.is_contiguous()
+        and residual.is_contiguous()
     ):
         from cadence.ops import gemv
 
