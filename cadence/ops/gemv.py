@@ -131,18 +131,19 @@ def _gemv_kernel(
     if PROLOGUE == 1:
         rstd = tl.math.rsqrt(tl.sum(sum_sq, 0) / K + eps)
         y = y * rstd
-        if KEEP_NORMED and pid == 0:  # a second pass over the row (4-16 KB: cached)
-            for k0 in range(0, K, BLOCK_K):
-                cols = k0 + tl.arange(0, BLOCK_K)
-                col_ok = cols < K
-                x = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
-                if HAS_RESIDUAL:
-                    r = tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-                    x = (x.to(tl.float32) + r).to(x.dtype)
-                w_n = tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-                # w * (x * rstd).to(dtype), rounded twice as layers.norm.RMSNorm rounds
-                normed = w_n * (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
-                tl.store(normed_ptr + cols, normed.to(x.dtype), mask=col_ok)
+        if KEEP_NORMED:
+            if pid == 0:  # a second pass over the row (4-16 KB: cached)
+                for k0 in range(0, K, BLOCK_K):
+                    cols = k0 + tl.arange(0, BLOCK_K)
+                    col_ok = cols < K
+                    x = tl.load(x_ptr + cols, mask=col_ok, other=0.0)
+                    if HAS_RESIDUAL:
+                        r = tl.load(res_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                        x = (x.to(tl.float32) + r).to(x.dtype)
+                    w_n = tl.load(norm_w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                    # w * (x * rstd).to(dtype), rounded twice as layers.norm.RMSNorm rounds
+                    normed = w_n * (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32)
+                    tl.store(normed_ptr + cols, normed.to(x.dtype), mask=col_ok)
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
