@@ -126,7 +126,7 @@ if has gpu-tests; then  # norm-tests and gmm-tests in one pytest, and GGUF exper
     2>&1 | tail -15 | tee -a "$LOG"
 fi
 if has attn-sweep; then  # kernel B's prefill tile at Qwen3's 8-head groups (8 x 1,024 tokens)
-  for kv in 4 8; do  # Qwen3-30B-A3B's 32 / 4 heads, then Llama's 32 / 8
+  for kv in ${ATTN_KV:-4 8}; do  # Qwen3-30B-A3B's 32 / 4 heads, then Llama's 32 / 8
     timeout 150 python3 benchmarks/split_kv_sweep.py --part prefill --kv-heads $kv --prompts 8 \
       --length 1024 > "$OUT/attn_sweep_kv$kv.log" 2>&1
     grep -E "best|Error" "$OUT/attn_sweep_kv$kv.log" | tee -a "$LOG"
