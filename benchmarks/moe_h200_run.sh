@@ -32,7 +32,7 @@
 #                              CADENCE_GEMV=o), in one lease
 #   PARTS=attn-sweep           kernel B's prefill tiles on 8 x 1,024-token prompts, 32 / 4
 #                              heads (Qwen3-30B-A3B) and 32 / 8 (benchmarks/split_kv_sweep.py)
-#   PARTS=silu                 fused.silu_and_mul's program sizes (benchmarks/silu_mul_bench.py)
+#   PARTS=silu                 fused.silu_and_mul against the bandwidth (benchmarks/silu_mul_bench.py)
 #   PARTS=gpu-tests            norm-tests' and gmm-tests' tests in one run, with the GGUF
 #                              experts expanded on CUDA (tests/loader/test_gguf_moe.py)
 #   PARTS="profile profile-prefill profile-mixtral"   benchmarks/profile_step.py: Qwen3-30B-A3B's
@@ -132,7 +132,7 @@ if has attn-sweep; then  # kernel B's prefill tile at Qwen3's 8-head groups (8 x
     grep -E "best|Error" "$OUT/attn_sweep_kv$kv.log" | tee -a "$LOG"
   done
 fi
-if has silu; then  # silu_and_mul's program sizes at prefill-step shapes
+if has silu; then  # silu_and_mul at prefill-step shapes, GB/s
   timeout 120 python3 benchmarks/silu_mul_bench.py > "$OUT/silu_mul.log" 2>&1
   tee -a "$LOG" < "$OUT/silu_mul.log" | tail -4
 fi

@@ -213,23 +213,20 @@ def norm_add_rms_norm(
 def _silu_and_mul_kernel(
     x_ptr,
     out_ptr,
-    n_rows,
     stride_x,
     stride_out,
     d,
     GELU_TANH: tl.constexpr,  # gelu(gate, approximate="tanh") instead of silu (GeGLU)
-    ROWS: tl.constexpr,  # rows a program takes (a [ROWS, BLOCK] tile)
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:
         gdc_wait()
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = (rows < n_rows)[:, None] & (cols < d)[None, :]
-    src = x_ptr + rows[:, None] * stride_x + cols[None, :]
-    gate = tl.load(src, mask=mask, other=0.0)
-    up = tl.load(src + d, mask=mask, other=0.0)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
     dtype = gate.dtype
     g = gate.to(tl.float32)
     if GELU_TANH:
@@ -239,17 +236,10 @@ def _silu_and_mul_kernel(
     else:
         act = (g / (1.0 + tl.exp(-g))).to(dtype)
     tl.store(
-        out_ptr + rows[:, None] * stride_out + cols[None, :],
+        out_ptr + row * stride_out + cols,
         (act.to(tl.float32) * up.to(tl.float32)).to(dtype),
         mask=mask,
     )
-
-
-# Output elements a silu_and_mul program takes (several rows of narrow ones). One 1,024-wide
-# row block a program streamed Mixtral's 8,192-token expert activations at ~2 TB/s on an
-# H200; benchmarks/silu_mul_bench.py times the choices.
-SILU_MUL_ELEMENTS = 4096
-SILU_MUL_WARPS = 4
 
 
 def silu_and_mul(x: torch.Tensor, gelu_tanh: bool = False) -> torch.Tensor:
@@ -259,19 +249,16 @@ def silu_and_mul(x: torch.Tensor, gelu_tanh: bool = False) -> torch.Tensor:
     out = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     if rows:
         block = min(1024, _pow2(d))
-        per_program = max(1, min(SILU_MUL_ELEMENTS // block, _pow2(rows)))
-        _silu_and_mul_kernel[(triton.cdiv(rows, per_program), triton.cdiv(d, block))](
+        _silu_and_mul_kernel[(rows, triton.cdiv(d, block))](
             x,
             out,
-            rows,
             x.stride(0),
             out.stride(0),
             d,
             GELU_TANH=gelu_tanh,
-            ROWS=per_program,
             BLOCK=block,
             PDL=pdl(x.device),
-            num_warps=SILU_MUL_WARPS,
+            num_warps=4,
             launch_pdl=pdl(x.device),
         )
     return out

@@ -131,7 +131,7 @@ def _gemv_kernel(
     if PROLOGUE == 1:
         rstd = tl.math.rsqrt(tl.sum(sum_sq, 0) / K + eps)
         y = y * rstd
-        if KEEP_NORMED:
+        if KEEP_NORMED:  # noqa: SIM102 (a constexpr, then a runtime test: two ifs for Triton)
             if pid == 0:  # a second pass over the row (4-16 KB: cached)
                 for k0 in range(0, K, BLOCK_K):
                     cols = k0 + tl.arange(0, BLOCK_K)
