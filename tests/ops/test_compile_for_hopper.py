@@ -1,0 +1,73 @@
+"""Triton kernels compile for an H100 / H200 (sm_90) on a machine without a GPU: Triton's
+own compiler and the ptxas its wheel carries turn them into a cubin, so a kernel change
+that only the GPU's compile would reject fails here, in CI, rather than on the first lease.
+(What the kernels compute is checked under Triton's interpreter: tests/attention,
+tests/ops/test_fused.py.) The variants are the ones a Qwen3 / Gemma 3 decode step runs."""
+
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from cadence.attention.triton_write_kv import write_kv_kernel  # noqa: E402
+from cadence.ops.gemv import _gemv_kernel  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def compile_for_hopper(fn, constexprs: dict, floats=(), int64_ptrs=(), num_warps: int = 4):
+    """fn's cubin for sm_90: pointers bf16 (int64 for `int64_ptrs`), `floats` fp32 and
+    every other argument i32; `constexprs` by name."""
+    signature = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = "*i64" if name in int64_ptrs else "*bf16"
+        else:
+            signature[name] = "fp32" if name in floats else "i32"
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    try:
+        return triton.compile(source, target=HOPPER, options={"num_warps": num_warps})
+    except RuntimeError as e:
+        if "ptxas" in str(e) and "not found" in str(e).lower():
+            pytest.skip(f"this triton has no ptxas: {e}")
+        raise
+
+
+KERNEL_A = dict(BLOCK_SIZE=16, BLOCK_H=4, BLOCK_HQ=8, SCALED=False, EXACT_ROUND=False, PDL=True)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(HALF=64, HALF_PAD=64, ROTARY=True, NORM=True, GEMMA_NORM=False),  # Qwen3
+        dict(HALF=48, HALF_PAD=64, ROTARY=False, NORM=True, GEMMA_NORM=True),  # Gemma's, 96
+        dict(HALF=64, HALF_PAD=64, ROTARY=True, NORM=False, GEMMA_NORM=False),  # Llama
+    ],
+    ids=["qwen3", "gemma-d96-no-rotary", "llama"],
+)
+def test_kernel_a_compiles_for_hopper(variant):
+    floats = ("k_inv_scale", "v_inv_scale", "norm_eps")
+    compiled = compile_for_hopper(
+        write_kv_kernel, {**KERNEL_A, **variant}, floats, int64_ptrs=("slot_ptr",)
+    )
+    assert compiled.asm["cubin"]
+
+
+@pytest.mark.parametrize("prologue, keep_normed", [(1, True), (1, False), (2, False)])
+def test_the_batch1_gemv_compiles_for_hopper(prologue, keep_normed):
+    constexprs = dict(
+        PROLOGUE=prologue,
+        HAS_RESIDUAL=prologue == 1,
+        HAS_BIAS=False,
+        KEEP_NORMED=keep_normed,
+        BLOCK_N=16,
+        BLOCK_K=1024,
+        PDL=True,
+    )
+    compiled = compile_for_hopper(_gemv_kernel, constexprs, ("eps",), num_warps=8)
+    assert compiled.asm["cubin"]
