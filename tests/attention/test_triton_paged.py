@@ -207,7 +207,6 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
     from cadence.attention.triton_paged import TritonAttentionBackend
 
     q, k, v, cache, meta = _make_batch(case, device)
-    k_raw = k
     scale = case.head_dim**-0.5
     rotary = _rotary_tables(case, device) if case.rotary else None
     sinks = None
@@ -235,10 +234,10 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
         softcap=case.softcap,
         sinks=sinks,
     )
-    # The cache the backend must leave: the step's K (rotated, by PyTorch's ops in the
-    # activation dtype) and V copied into their slots.
-    k = k_normed if head_norm else k  # (kernel A norms the raw k: passed below)
-    want_k = k if rotary is None else k * rotary[0] + _rotate_half(k) * rotary[1]
+    # The cache the backend must leave: the step's K (normed and rotated, by PyTorch's ops
+    # in the activation dtype) and V copied into their slots.
+    kn = k_normed
+    want_k = kn if rotary is None else kn * rotary[0] + _rotate_half(kn) * rotary[1]
     want_cache = cache.clone()
     m = meta()
     want_cache[0].view(-1, case.num_kv_heads, case.head_dim)[m.slot_mapping] = want_k
@@ -256,9 +255,8 @@ def run_case(case: Case, device: str | torch.device = "cpu") -> dict:
             len(case.query_lens), torch.device(device), split=bool(case.split_kv)
         )
     extra = {"head_norm": head_norm} if head_norm else {}
-    k_in = k if head_norm is None else k_raw
-    out = backend.forward(
-        q, k_in, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap,
+    out = backend.forward(  # (the raw q and k: kernel A norms them where head_norm says)
+        q, k, v, cache, m, scale, rotary, window=case.window, softcap=case.softcap,
         sinks=sinks, **extra,
     )  # fmt: skip
     if device != "cpu":
