@@ -32,9 +32,15 @@
 #                              CADENCE_GEMV=o), in one lease
 #   PARTS=attn-sweep           kernel B's prefill tiles on 8 x 1,024-token prompts, 32 / 4
 #                              heads (Qwen3-30B-A3B) and 32 / 8 (benchmarks/split_kv_sweep.py)
+#   PARTS=expert-gemm          a large step's expert GEMMs: torch's grouped GEMM against a cuBLAS
+#                              GEMM per expert (benchmarks/moe_expert_gemm_bench.py)
+#   PARTS="qwen-fp8-tput mixtral-fp8-tput"   256 x 1,024 -> 256 with FP8 experts and layers
+#   PARTS=mixtral64            Mixtral-8x7B bf16 batch 64 alone
 #   PARTS=silu                 fused.silu_and_mul against the bandwidth (benchmarks/silu_mul_bench.py)
 #   PARTS=gpu-tests            norm-tests' and gmm-tests' tests in one run, with the GGUF
-#                              experts expanded on CUDA (tests/loader/test_gguf_moe.py)
+#                              experts expanded on CUDA (tests/loader/test_gguf_moe.py);
+#                              GPU_TESTS_S=555 lets the whole run finish (~420 s) in a call
+#                              of its own
 #   PARTS="profile profile-prefill profile-mixtral"   benchmarks/profile_step.py: Qwen3-30B-A3B's
 #                              batch-1 decode step; the throughput case's phases (a batch-256
 #                              decode step, a mixed step, an 8,192-token prefill) on Qwen3-30B-A3B
@@ -67,7 +73,7 @@ tput() {  # tput NAME MODEL [flags]: 256 prompts x 1,024 -> 256
   python3 -m cadence.cli.main bench throughput "benchmarks/$model" $COMMON --num-prompts 256 \
     --input-len 1024 --output-len 256 --json "$OUT/${name}_tput.json" "$@" \
     > "$OUT/${name}_tput.log" 2>&1
-  grep -E "Throughput|Error|error" "$OUT/${name}_tput.log" | tail -4 | tee -a "$LOG"
+  grep -E "Throughput|preemptions:|memory profile|Error|error" "$OUT/${name}_tput.log" | tail -5 | tee -a "$LOG"
   echo "   ($((SECONDS - t0)) s)" | tee -a "$LOG"
 }
 if has tests; then
@@ -119,11 +125,12 @@ if has gmm-tests; then  # the fused-MoE kernels and the MoE / per-head-norm mode
     2>&1 | tail -3 | tee -a "$LOG"
 fi
 if has gpu-tests; then  # norm-tests and gmm-tests in one pytest, and GGUF experts on CUDA
-  timeout 330 python3 -m pytest -q -m gpu tests/attention/test_triton_paged.py tests/worker/test_cuda_runner.py \
-    tests/ops/test_fused.py tests/ops/test_fused_moe.py tests/ops/test_moe_grouped_mm.py \
-    tests/loader/test_gguf_moe.py -p no:cacheprovider \
+  # The files a lease has run least come first; GPU_TESTS_S bounds the pytest (a call has 600 s).
+  timeout "${GPU_TESTS_S:-330}" python3 -m pytest -q -m gpu tests/ops/test_fused.py \
+    tests/loader/test_gguf_moe.py tests/ops/test_fused_moe.py tests/ops/test_moe_grouped_mm.py \
+    tests/worker/test_cuda_runner.py tests/attention/test_triton_paged.py -p no:cacheprovider \
     -k "gpu or head_norm or on_cuda or fused_moe or pair or qwen3 or mixtral or gemma or granite or olmoe or grouped" \
-    2>&1 | tail -15 | tee -a "$LOG"
+    2>&1 | tee "$OUT/gpu_tests.log" | tail -15 | tee -a "$LOG"
 fi
 if has attn-sweep; then  # kernel B's prefill tile at Qwen3's 8-head groups (8 x 1,024 tokens)
   for kv in ${ATTN_KV:-4 8}; do  # Qwen3-30B-A3B's 32 / 4 heads, then Llama's 32 / 8
@@ -131,6 +138,10 @@ if has attn-sweep; then  # kernel B's prefill tile at Qwen3's 8-head groups (8 x
       --length 1024 > "$OUT/attn_sweep_kv$kv.log" 2>&1
     grep -E "best|Error" "$OUT/attn_sweep_kv$kv.log" | tee -a "$LOG"
   done
+fi
+if has expert-gemm; then  # torch's grouped GEMM against a cuBLAS GEMM per expert, prefill sizes
+  timeout 240 python3 benchmarks/moe_expert_gemm_bench.py > "$OUT/expert_gemm.log" 2>&1
+  tee -a "$LOG" < "$OUT/expert_gemm.log" | tail -4
 fi
 if has silu; then  # silu_and_mul at prefill-step shapes, GB/s
   timeout 120 python3 benchmarks/silu_mul_bench.py > "$OUT/silu_mul.log" 2>&1
@@ -165,6 +176,7 @@ has profile-prefill && profile_tput qwen3_tput qwen3-30b-a3b
 has profile-mixtral && profile_tput mixtral_tput mixtral-8x7b
 has qwen-fp8 && { lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8; lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; }
 has qwen-tput && tput qwen3 qwen3-30b-a3b
+has qwen-fp8-tput && tput qwen3_fp8 qwen3-30b-a3b --quantization fp8
 start_time() {  # start_time MODEL NAME: process start -> first token, cold Triton cache
   local start
   start=$(date +%s.%N)
@@ -179,8 +191,10 @@ PY
 }
 has start && start_time qwen3-30b-a3b Qwen3-30B-A3B
 has mixtral && { lat mixtral mixtral-8x7b 1; lat mixtral mixtral-8x7b 64; }
+has mixtral64 && lat mixtral mixtral-8x7b 64
 has mixtral-fp8 && { lat mixtral_fp8 mixtral-8x7b 1 --quantization fp8; lat mixtral_fp8 mixtral-8x7b 64 --quantization fp8; }
 has mixtral-tput && tput mixtral mixtral-8x7b
+has mixtral-fp8-tput && tput mixtral_fp8 mixtral-8x7b --quantization fp8
 has gptoss && { lat gptoss gpt-oss-20b 1; lat gptoss gpt-oss-20b 64; }
 has gptoss-fp8 && { lat gptoss_fp8 gpt-oss-20b 1 --quantization fp8; lat gptoss_fp8 gpt-oss-20b 64 --quantization fp8; }
 has gptoss-start && start_time gpt-oss-20b GPT-OSS-20B

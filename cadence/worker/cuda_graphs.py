@@ -107,6 +107,7 @@ class DecodeGraphs:
         # Keyed by (size, split); kept alive, as the graphs read their plans.
         self.metas: dict[tuple[int, bool], AttentionMetadata] = {}
         self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self.memory_taken = 0  # bytes: set by capture()
         self.outputs: dict[tuple[int, bool], torch.Tensor] = {}  # hidden states [size, hidden]
         # The model's aux_hidden (EAGLE-3's inputs) as each graph left them, if it keeps any.
         self.aux: dict[tuple[int, bool], list[torch.Tensor]] = {}
@@ -139,8 +140,11 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> float:
-        """Capture every size; returns the seconds it took."""
+        """Capture every size; returns the seconds it took. `memory_taken`: the device
+        bytes the capture took (the graphs' pool, their buffers, compiled kernels), to set
+        against the memory profile's reserve for them."""
         t0 = time.perf_counter()
+        free_before = torch.cuda.mem_get_info(self.device)[0]
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -159,6 +163,7 @@ class DecodeGraphs:
                     self.graphs[size, split] = graph
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
+        self.memory_taken = free_before - torch.cuda.mem_get_info(self.device)[0]
         return time.perf_counter() - t0
 
     def size_for(self, num_reqs: int) -> int | None:

@@ -149,10 +149,12 @@ class ModelRunner:
             )
             seconds = self.graphs.capture()
             logger.info(
-                "captured CUDA graphs for %d decode batch sizes (1 to %d) in %.1f s",
+                "captured CUDA graphs for %d decode batch sizes (1 to %d) in %.1f s "
+                "(%.0f MiB of device memory)",
                 len(self.graphs.sizes),
                 self.graphs.max_batch,
                 seconds,
+                self.graphs.memory_taken / 2**20,
             )
         self.mixed_graphs: MixedGraphs | None = None
         # Verify steps (1 + k tokens a request) replay the mixed-step graphs.
