@@ -395,20 +395,6 @@ def test_split_heuristic() -> None:
     assert p.work_req.tolist() == [0, 0, 0, 1] and p.work_qoff.tolist() == [0, 64, 128, 0]
 
 
-@needs_triton
-def test_split_kv_parts_rule() -> None:
-    """Powers of two that bring a launch to about two programs per SM; none when the
-    decodes alone cover the SMs; never past what the reduce kernel holds."""
-    from cadence.attention.triton_split_kv import MAX_SPLIT_PARTS, split_kv_parts
-
-    assert [split_kv_parts(b, 8, 132) for b in (1, 2, 4, 8, 16, 17, 64)] == [32, 16, 8, 4, 2, 0, 0]
-    assert split_kv_parts(1, 1, 132) == MAX_SPLIT_PARTS
-    assert split_kv_parts(0, 8, 132) == 0
-    for b in range(1, 40):
-        parts = split_kv_parts(b, 4, 108)
-        assert parts == 0 or (parts & (parts - 1) == 0 and b * 4 * parts <= 2 * 108)
-
-
 # ---- GPU: compiled kernels at real sizes -----------------------------------------------
 
 GPU_CASES = [
