@@ -9,7 +9,7 @@ import sys
 import time
 
 import httpx
-from server_helper import free_port
+from server_helper import bound_port
 
 # The deployment secret of the disaggregated tests (engines and router get it from the
 # environment, as a deployment should give it: not on a command line).
@@ -19,13 +19,15 @@ KV_ENV = {"CADENCE_KV_TRANSFER_SECRET": KV_SECRET}
 
 @contextlib.contextmanager
 def router(urls: list[str], policy: str, prefill: list[str] = (), args: list[str] = ()):
-    port = free_port()
+    sock, handover = bound_port()
+    port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "cadence.cli.main", "router", "--port", str(port)]
     cmd += [arg for u in urls for arg in ("--worker", u)] + ["--policy", policy]
     cmd += [arg for u in prefill for arg in ("--prefill", u)] + list(args)
     log = None if os.environ.get("CADENCE_TEST_SERVER_LOG") else subprocess.DEVNULL
-    env = {**os.environ, **KV_ENV}
-    proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    env = {**os.environ, **KV_ENV, **handover["env"]}
+    with sock:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, pass_fds=handover["pass_fds"])
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):

@@ -12,13 +12,18 @@ import time
 
 import httpx
 
+from cadence.entrypoints.listener import LISTEN_FD_ENV, bind_listener
+
 API_KEY = "test-key-123"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def bound_port() -> tuple[socket.socket, dict]:
+    """A socket bound to 127.0.0.1 and a port the OS picks, and what a child process that
+    should listen on it needs: Popen's `pass_fds` and the environment entry that names it
+    (cadence/entrypoints/listener.py). Nothing else can take the port before the child
+    listens, so whatever answers there is that child. Close the socket after Popen."""
+    sock = bind_listener("127.0.0.1", 0)
+    return sock, {"pass_fds": (sock.fileno(),), "env": {LISTEN_FD_ENV: str(sock.fileno())}}
 
 
 def children(pid: int) -> list[tuple[int, bytes]]:
@@ -61,16 +66,22 @@ class Server:
         self._start()
 
     def _start(self) -> None:
-        self.port = free_port()
+        sock, handover = bound_port()
+        self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "cadence.cli.main", "serve", "--port", str(self.port)]
         # CADENCE_TEST_SERVER_LOG=1 shows the server's log in the test output; otherwise it
         # goes to a temporary file whose end a failed start reports (a CI flake says why).
         show = os.environ.get("CADENCE_TEST_SERVER_LOG")
         self.log = None if show else tempfile.TemporaryFile()  # noqa: SIM115 (the server's life)
-        self.proc = subprocess.Popen(
-            [*cmd, *self._args], env=self._env, stdout=self.log, stderr=subprocess.STDOUT
-        )
+        with sock:
+            self.proc = subprocess.Popen(
+                [*cmd, *self._args],
+                env={**self._env, **handover["env"]},
+                pass_fds=handover["pass_fds"],
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+            )
 
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines the server printed ("" when shown live)."""
@@ -80,17 +91,11 @@ class Server:
         return "\n".join(self.log.read().decode(errors="replace").splitlines()[-lines:])
 
     def wait_ready(self, timeout: float = 180.0) -> None:
-        """Until /health answers 200. A server that lost its port between free_port() and
-        its bind (another process took it: uvicorn exits 3) starts again on another."""
+        """Until /health answers 200 (the port is this server's alone: bound_port)."""
         deadline = time.monotonic() + timeout
-        restarts = 2
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 code, tail = self.proc.returncode, self.log_tail()
-                if code == 3 and "address already in use" in tail and restarts:
-                    restarts -= 1
-                    self._start()
-                    continue
                 raise RuntimeError(f"server exited with {code}; its log ends:\n{tail}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:

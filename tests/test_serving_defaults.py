@@ -114,7 +114,7 @@ def test_serve_builds_a_serving_engine(monkeypatch):
     seen = []
     monkeypatch.setattr(api_server, "create_app", lambda config, options: seen.append(config))
     monkeypatch.setattr(launcher, "serve", lambda *args: 0)
-    assert main(["serve", "--device", "cpu", "--api-server-count", "1"]) == 0
+    assert main(["serve", "--device", "cpu", "--api-server-count", "1", "--port", "0"]) == 0
     assert [c.serving for c in seen] == [True]
 
 

@@ -2,7 +2,7 @@
 one router on the public address.
 
 Each replica is a whole `cadence serve` (API process + engine process) on 127.0.0.1 and a
-free port, with the same flags: on GPUs it sees its own `tensor_parallel_size` of them
+port this process binds and hands it (entrypoints/listener.py), with the same flags: on GPUs it sees its own `tensor_parallel_size` of them
 (CUDA_VISIBLE_DEVICES), on a CPU its own share of the cores (its engine pins its threads
 there). The router (cadence/router/) sends each request to one of them by
 `--router-policy`. The replicas die with this process; SIGTERM reaches them (they drain).
@@ -20,6 +20,8 @@ import sys
 import time
 
 import httpx
+
+from cadence.entrypoints.listener import LISTEN_FD_ENV, bind_listener
 
 logger = logging.getLogger("cadence.router")
 
@@ -54,12 +56,6 @@ def replica_argv(argv: list[str]) -> list[str]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def placements(n: int, device: str, tp: int) -> list[dict]:
     """Per replica: the environment and CPU cores it gets."""
     import torch
@@ -88,7 +84,10 @@ def start_replicas(argv: list[str], n: int, device: str, tp: int) -> tuple[list,
     parent = os.getpid()
     procs, urls = [], []
     for i, place in enumerate(placements(n, device, tp)):
-        port = _free_port()
+        # Bound here and inherited (listener.py): no moment when another process could
+        # take the replica's port and answer for it.
+        sock = bind_listener("127.0.0.1", 0)
+        port = sock.getsockname()[1]
         cores = place["cores"]
 
         def setup(cores=cores) -> None:  # in the child, before exec
@@ -100,7 +99,11 @@ def start_replicas(argv: list[str], n: int, device: str, tp: int) -> tuple[list,
         cmd += ["--host", "127.0.0.1", "--port", str(port)]
         where = place["env"].get("CUDA_VISIBLE_DEVICES") or f"cores {cores or 'all'}"
         logger.info("replica %d on port %d (%s)", i, port, where)
-        procs.append(subprocess.Popen(cmd, env={**os.environ, **place["env"]}, preexec_fn=setup))
+        env = {**os.environ, **place["env"], LISTEN_FD_ENV: str(sock.fileno())}
+        with sock:
+            procs.append(
+                subprocess.Popen(cmd, env=env, preexec_fn=setup, pass_fds=(sock.fileno(),))
+            )
         urls.append(f"http://127.0.0.1:{port}")
     return procs, urls
 
@@ -134,7 +137,8 @@ def stop_replicas(procs: list, timeout_s: float) -> None:
             p.kill()
 
 
-def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict) -> int:
+def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict, sock: socket.socket) -> int:
+    """`sock`: the router's address, bound before the replicas start."""
     import uvicorn
 
     from cadence.cli.router import load_router_tokenizer, policy_kwargs, router_options
@@ -157,11 +161,11 @@ def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict) -> int:
         logger.info(
             "listening on http://%s:%d (%d replicas, %s)",
             args.host,
-            args.port,
+            sock.getsockname()[1],
             len(urls),
             args.router_policy,
         )
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     except (RuntimeError, TimeoutError) as e:
         logger.error("data parallel start-up failed: %s", e)
         return 1

@@ -199,6 +199,14 @@ def run_router(args: argparse.Namespace) -> int:
             f"--prefill needs the deployment's secret, of {MIN_SECRET_CHARS} characters or "
             f"more: ${KV_SECRET_ENV} or --kv-transfer-secret"
         )
+    from cadence.entrypoints.listener import listening_socket
+
+    try:  # (before the tokenizer loads: a taken port fails now)
+        sock = listening_socket(args.host, args.port)
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "strerror", None) or e
+        logger.error("cannot listen on %s:%d: %s", args.host, args.port, reason)
+        return 1
     tokenizer = load_router_tokenizer(args.tokenizer, args.workers)
     app = create_router_app(
         args.workers,
@@ -209,6 +217,6 @@ def run_router(args: argparse.Namespace) -> int:
         options=router_options(args, secret),
         **policy_kwargs(args),
     )
-    logger.info("router listening on http://%s:%d", args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    logger.info("router listening on http://%s:%d", args.host, sock.getsockname()[1])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0

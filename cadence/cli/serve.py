@@ -171,10 +171,21 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.data_parallel_size > 1 and args.responses_store_size:
         # (each replica would keep its own: a follow-up routed elsewhere would not find it)
         args.parser.error("--responses-store-size keeps responses in one server: not with -dp")
+    from cadence.entrypoints.listener import listening_socket
+
+    try:  # before the engine loads: a taken port fails now, and stays ours meanwhile
+        sock = listening_socket(args.host, args.port)
+    except (OSError, ValueError) as e:  # (one line, not a traceback)
+        reason = getattr(e, "strerror", None) or e
+        logging.getLogger("cadence").error(
+            "cannot listen on %s:%d: %s", args.host, args.port, reason
+        )
+        return 1
+    port = sock.getsockname()[1]  # (--port 0: the one the OS picked)
     if args.data_parallel_size > 1:
         from cadence.cli.data_parallel import run_data_parallel
 
-        return run_data_parallel(args, kwargs)
+        return run_data_parallel(args, kwargs, sock)
     config = EngineConfig.from_kwargs(**kwargs)
     config.serving = True  # defaults for streams (EngineConfig.fill_defaults)
     count = args.api_server_count
@@ -217,9 +228,9 @@ def run_serve(args: argparse.Namespace) -> int:
         from cadence.entrypoints.api_servers import run_api_servers
 
         logging.getLogger("cadence").info(
-            "listening on http://%s:%d (%d API processes)", args.host, args.port, count
+            "listening on http://%s:%d (%d API processes)", args.host, port, count
         )
-        return run_api_servers(config, options, args.host, args.port, args.shutdown_timeout)
+        return run_api_servers(config, options, sock, args.host, args.shutdown_timeout)
     app = create_app(config, options)
-    logging.getLogger("cadence").info("listening on http://%s:%d", args.host, args.port)
-    return serve(app, args.host, args.port, args.shutdown_timeout)
+    logging.getLogger("cadence").info("listening on http://%s:%d", args.host, port)
+    return serve(app, args.host, port, args.shutdown_timeout, sock)

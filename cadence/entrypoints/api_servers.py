@@ -1,13 +1,14 @@
 """Several API processes in front of one engine core: `cadence serve --api-server-count N`.
 
-    code = run_api_servers(config, options, host, port, shutdown_timeout)
+    code = run_api_servers(config, options, sock, host, shutdown_timeout)
 
 One Python process tokenizing, detokenizing and writing every SSE event caps an engine that
 makes tens of thousands of tokens a second. Here this process, the supervisor
 (`cadence::serve`), splits that work over N API processes (`cadence::api0`, ...):
 
-  - it resolves the model (a GGUF is converted once), binds the listening socket, and makes a
-    private directory (0700) for the ipc sockets and the metrics files;
+  - it resolves the model (a GGUF is converted once) and makes a private directory (0700)
+    for the ipc sockets and the metrics files (the listening socket is bound already:
+    listener.py);
   - it starts the engine core, which reads requests from every API process (and a control
     socket of the supervisor's) and sends each process the outputs of its own requests
     (engine/fanout.py), then the N API processes. Each gets the listening socket (the kernel
@@ -66,27 +67,19 @@ def default_api_server_count(device: str) -> int:
     return max(1, min(4, (cores or 1) // 8))
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """The server's address, bound here and listened on by the API processes."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.set_inheritable(True)
-    return sock
-
-
 def run_api_servers(
-    config: EngineConfig, options: ServerOptions, host: str, port: int, shutdown_timeout: float
+    config: EngineConfig,
+    options: ServerOptions,
+    sock: socket.socket,
+    host: str,
+    shutdown_timeout: float,
 ) -> int:
+    """`sock`: the server's address, bound (listener.listening_socket); closed here once
+    the API processes hold it."""
     from cadence.loader.model_path import resolve_model_path
 
     count = options.api_server_count
-    try:
-        sock = bind_listener(host, port)
-    except OSError as e:  # (one line, as a single server says it: not a traceback)
-        logger.error("cannot listen on %s:%d: %s", host, port, e.strerror or e)
-        return 1
+    port = sock.getsockname()[1]
     config.model.model = resolve_model_path(config.model.model)  # once, before N processes
     workdir = make_private_dir("cadence-")
     metrics_dir = os.path.join(workdir, "metrics")

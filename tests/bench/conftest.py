@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,14 +28,10 @@ from types import ModuleType
 import pytest
 from fastapi import Request  # at module level: FastAPI resolves the string annotations here
 
+from cadence.entrypoints.listener import bind_listener
+
 DEFAULT_SCRIPT = {"ttft": 50.0, "itl": 20.0}
 STUB_MODEL = "stub-model"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_script(text: str) -> dict[str, float]:
@@ -239,12 +234,11 @@ def stub():
     import uvicorn
 
     state = Stub()
-    port = _free_port()
-    config = uvicorn.Config(
-        make_stub_app(state), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-    )
+    sock = bind_listener("127.0.0.1", 0)  # (held from here: no other server takes the port)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(make_stub_app(state), log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started:

@@ -30,7 +30,14 @@ def test_the_default_is_one_process_beside_a_cpu_engine(monkeypatch):
     assert default_api_server_count("auto") == 1
 
 
-def test_a_busy_port_is_one_line_and_exit_code_1():
+@pytest.mark.parametrize(
+    "argv",
+    [["--api-server-count", "1"], ["--api-server-count", "2"], ["--data-parallel-size", "2"]],
+    ids=["one-process", "two-processes", "dp"],
+)
+def test_a_busy_port_is_one_line_and_exit_code_1_before_anything_loads(argv):
+    """The address is bound first (entrypoints/listener.py): a taken port fails at once, the
+    model never loads (a directory that is no model would fail later, and differently)."""
     import socket
     import subprocess
     import sys
@@ -40,7 +47,7 @@ def test_a_busy_port_is_one_line_and_exit_code_1():
         busy.listen()
         port = str(busy.getsockname()[1])
         run = subprocess.run(
-            [sys.executable, "-m", "cadence.cli.main", "serve", "--api-server-count", "2",
+            [sys.executable, "-m", "cadence.cli.main", "serve", "/nonexistent-model", *argv,
              "--port", port, "--device", "cpu"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
