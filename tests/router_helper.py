@@ -9,7 +9,7 @@ import sys
 import time
 
 import httpx
-from server_helper import bound_port
+from server_helper import handover_socket
 
 # The deployment secret of the disaggregated tests (engines and router get it from the
 # environment, as a deployment should give it: not on a command line).
@@ -19,7 +19,7 @@ KV_ENV = {"CADENCE_KV_TRANSFER_SECRET": KV_SECRET}
 
 @contextlib.contextmanager
 def router(urls: list[str], policy: str, prefill: list[str] = (), args: list[str] = ()):
-    sock, handover = bound_port()
+    sock, handover = handover_socket()
     port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "cadence.cli.main", "router", "--port", str(port)]
     cmd += [arg for u in urls for arg in ("--worker", u)] + ["--policy", policy]

@@ -17,11 +17,11 @@ from cadence.entrypoints.listener import LISTEN_FD_ENV, bind_listener
 API_KEY = "test-key-123"
 
 
-def bound_port() -> tuple[socket.socket, dict]:
-    """A socket bound to 127.0.0.1 and a port the OS picks, and what a child process that
-    should listen on it needs: Popen's `pass_fds` and the environment entry that names it
-    (cadence/entrypoints/listener.py). Nothing else can take the port before the child
-    listens, so whatever answers there is that child. Close the socket after Popen."""
+def handover_socket() -> tuple[socket.socket, dict]:
+    """A socket listening on 127.0.0.1 and a port the OS picks, and what a child process
+    that should serve on it needs: Popen's `pass_fds` and the environment entry that names
+    it (cadence/entrypoints/listener.py). Nothing else can take the port, so whatever
+    answers there is that child. Close the socket after Popen."""
     sock = bind_listener("127.0.0.1", 0)
     return sock, {"pass_fds": (sock.fileno(),), "env": {LISTEN_FD_ENV: str(sock.fileno())}}
 
@@ -66,7 +66,7 @@ class Server:
         self._start()
 
     def _start(self) -> None:
-        sock, handover = bound_port()
+        sock, handover = handover_socket()
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "cadence.cli.main", "serve", "--port", str(self.port)]
@@ -91,7 +91,7 @@ class Server:
         return "\n".join(self.log.read().decode(errors="replace").splitlines()[-lines:])
 
     def wait_ready(self, timeout: float = 180.0) -> None:
-        """Until /health answers 200 (the port is this server's alone: bound_port)."""
+        """Until /health answers 200 (the port is this server's alone: handover_socket)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -113,7 +113,12 @@ def test_serve_builds_a_serving_engine(monkeypatch):
 
     seen = []
     monkeypatch.setattr(api_server, "create_app", lambda config, options: seen.append(config))
-    monkeypatch.setattr(launcher, "serve", lambda *args: 0)
+    def serve(app, host, port, shutdown_timeout, socks) -> int:  # (no server started)
+        for sock in socks:
+            sock.close()
+        return 0
+
+    monkeypatch.setattr(launcher, "serve", serve)
     assert main(["serve", "--device", "cpu", "--api-server-count", "1", "--port", "0"]) == 0
     assert [c.serving for c in seen] == [True]
 

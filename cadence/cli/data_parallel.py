@@ -2,9 +2,9 @@
 one router on the public address.
 
 Each replica is a whole `cadence serve` (API process + engine process) on 127.0.0.1 and a
-port this process binds and hands it (entrypoints/listener.py), with the same flags: on GPUs it sees its own `tensor_parallel_size` of them
-(CUDA_VISIBLE_DEVICES), on a CPU its own share of the cores (its engine pins its threads
-there). The router (cadence/router/) sends each request to one of them by
+port this process takes and hands it (entrypoints/listener.py), with the same flags: on GPUs
+it sees its own `tensor_parallel_size` of them (CUDA_VISIBLE_DEVICES), on a CPU its own share
+of the cores (its engine pins its threads there). The router (cadence/router/) sends each request to one of them by
 `--router-policy`. The replicas die with this process; SIGTERM reaches them (they drain).
 """
 
@@ -137,11 +137,12 @@ def stop_replicas(procs: list, timeout_s: float) -> None:
             p.kill()
 
 
-def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict, sock: socket.socket) -> int:
-    """`sock`: the router's address, bound before the replicas start."""
-    import uvicorn
-
+def run_data_parallel(
+    args: argparse.Namespace, engine_kwargs: dict, socks: list[socket.socket]
+) -> int:
+    """`socks`: the router's listening sockets, taken before the replicas start."""
     from cadence.cli.router import load_router_tokenizer, policy_kwargs, router_options
+    from cadence.entrypoints.launcher import run_app
     from cadence.router.app import create_router_app
 
     argv = list(args.argv)
@@ -161,14 +162,13 @@ def run_data_parallel(args: argparse.Namespace, engine_kwargs: dict, sock: socke
         logger.info(
             "listening on http://%s:%d (%d replicas, %s)",
             args.host,
-            sock.getsockname()[1],
+            socks[0].getsockname()[1],
             len(urls),
             args.router_policy,
         )
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        return run_app(app, socks)
     except (RuntimeError, TimeoutError) as e:
         logger.error("data parallel start-up failed: %s", e)
         return 1
     finally:
         stop_replicas(procs, args.shutdown_timeout)
-    return 0

@@ -183,8 +183,7 @@ def policy_kwargs(args: argparse.Namespace) -> dict:
 
 
 def run_router(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from cadence.entrypoints.launcher import run_app
     from cadence.router.app import create_router_app
 
     if not 0.0 <= args.cache_threshold <= 1.0:
@@ -199,13 +198,9 @@ def run_router(args: argparse.Namespace) -> int:
             f"--prefill needs the deployment's secret, of {MIN_SECRET_CHARS} characters or "
             f"more: ${KV_SECRET_ENV} or --kv-transfer-secret"
         )
-    from cadence.entrypoints.listener import listening_socket
+    from cadence.cli.listen import listen
 
-    try:  # (before the tokenizer loads: a taken port fails now)
-        sock = listening_socket(args.host, args.port)
-    except (OSError, ValueError) as e:
-        reason = getattr(e, "strerror", None) or e
-        logger.error("cannot listen on %s:%d: %s", args.host, args.port, reason)
+    if (socks := listen(args)) is None:  # (before the tokenizer loads: a taken port fails now)
         return 1
     tokenizer = load_router_tokenizer(args.tokenizer, args.workers)
     app = create_router_app(
@@ -217,6 +212,5 @@ def run_router(args: argparse.Namespace) -> int:
         options=router_options(args, secret),
         **policy_kwargs(args),
     )
-    logger.info("router listening on http://%s:%d", args.host, sock.getsockname()[1])
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
-    return 0
+    logger.info("router listening on http://%s:%d", args.host, socks[0].getsockname()[1])
+    return run_app(app, socks)

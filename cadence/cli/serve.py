@@ -171,21 +171,14 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.data_parallel_size > 1 and args.responses_store_size:
         # (each replica would keep its own: a follow-up routed elsewhere would not find it)
         args.parser.error("--responses-store-size keeps responses in one server: not with -dp")
-    from cadence.entrypoints.listener import listening_socket
+    from cadence.cli.listen import listen
 
-    try:  # before the engine loads: a taken port fails now, and stays ours meanwhile
-        sock = listening_socket(args.host, args.port)
-    except (OSError, ValueError) as e:  # (one line, not a traceback)
-        reason = getattr(e, "strerror", None) or e
-        logging.getLogger("cadence").error(
-            "cannot listen on %s:%d: %s", args.host, args.port, reason
-        )
-        return 1
-    port = sock.getsockname()[1]  # (--port 0: the one the OS picked)
     if args.data_parallel_size > 1:
         from cadence.cli.data_parallel import run_data_parallel
 
-        return run_data_parallel(args, kwargs, sock)
+        if (socks := listen(args)) is None:
+            return 1
+        return run_data_parallel(args, kwargs, socks)
     config = EngineConfig.from_kwargs(**kwargs)
     config.serving = True  # defaults for streams (EngineConfig.fill_defaults)
     count = args.api_server_count
@@ -198,6 +191,9 @@ def run_serve(args: argparse.Namespace) -> int:
         args.parser.error(
             "--responses-store-size keeps responses in one process: not with --api-server-count > 1"
         )
+    if (socks := listen(args)) is None:  # before the engine loads (entrypoints/listener.py)
+        return 1
+    port = socks[0].getsockname()[1]  # (--port 0: the one the OS picked)
     try:
         from setproctitle import setproctitle
 
@@ -230,7 +226,7 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.getLogger("cadence").info(
             "listening on http://%s:%d (%d API processes)", args.host, port, count
         )
-        return run_api_servers(config, options, sock, args.host, args.shutdown_timeout)
+        return run_api_servers(config, options, socks, args.host, args.shutdown_timeout)
     app = create_app(config, options)
     logging.getLogger("cadence").info("listening on http://%s:%d", args.host, port)
-    return serve(app, args.host, port, args.shutdown_timeout, sock)
+    return serve(app, args.host, port, args.shutdown_timeout, socks)

@@ -1,17 +1,17 @@
 """Several API processes in front of one engine core: `cadence serve --api-server-count N`.
 
-    code = run_api_servers(config, options, sock, host, shutdown_timeout)
+    code = run_api_servers(config, options, socks, host, shutdown_timeout)
 
 One Python process tokenizing, detokenizing and writing every SSE event caps an engine that
 makes tens of thousands of tokens a second. Here this process, the supervisor
 (`cadence::serve`), splits that work over N API processes (`cadence::api0`, ...):
 
   - it resolves the model (a GGUF is converted once) and makes a private directory (0700)
-    for the ipc sockets and the metrics files (the listening socket is bound already:
+    for the ipc sockets and the metrics files (the listening sockets are taken already:
     listener.py);
   - it starts the engine core, which reads requests from every API process (and a control
     socket of the supervisor's) and sends each process the outputs of its own requests
-    (engine/fanout.py), then the N API processes. Each gets the listening socket (the kernel
+    (engine/fanout.py), then the N API processes. Each gets the listening sockets (the kernel
     hands a new connection to whichever process accepts first, so a less busy one takes
     more), its attachment to the engine, and the admission counts in shared memory: the
     server's limits and /metrics (prometheus_client's multiprocess files) stay whole;
@@ -70,16 +70,16 @@ def default_api_server_count(device: str) -> int:
 def run_api_servers(
     config: EngineConfig,
     options: ServerOptions,
-    sock: socket.socket,
+    socks: list[socket.socket],
     host: str,
     shutdown_timeout: float,
 ) -> int:
-    """`sock`: the server's address, bound (listener.listening_socket); closed here once
-    the API processes hold it."""
+    """`socks`: the server's listening sockets (listener.listening_sockets); closed here
+    once the API processes hold them."""
     from cadence.loader.model_path import resolve_model_path
 
     count = options.api_server_count
-    port = sock.getsockname()[1]
+    port = socks[0].getsockname()[1]
     config.model.model = resolve_model_path(config.model.model)  # once, before N processes
     workdir = make_private_dir("cadence-")
     metrics_dir = os.path.join(workdir, "metrics")
@@ -119,7 +119,7 @@ def run_api_servers(
                 options,
                 a,
                 counts,
-                sock,
+                socks,
                 host,
                 port,
                 shutdown_timeout,
@@ -130,7 +130,8 @@ def run_api_servers(
         )
         p.start()
         apis.append(p)
-    sock.close()  # (the API processes hold it)
+    for sock in socks:
+        sock.close()  # (the API processes hold them)
     logger.info("%d API processes, engine pid %d", count, engine.pid)
     try:
         code = _supervise(apis, shutdown_timeout)
@@ -204,7 +205,7 @@ def run_api_process(
     options: ServerOptions,
     attach: EngineAttachment,
     counts: SharedCounts,
-    sock: socket.socket,
+    socks: list[socket.socket],
     host: str,
     port: int,
     shutdown_timeout: float,
@@ -233,4 +234,4 @@ def run_api_process(
     )
     limit_arenas()
     app = create_app(config, options, attach, counts)
-    sys.exit(serve(app, host, port, shutdown_timeout, sock))
+    sys.exit(serve(app, host, port, shutdown_timeout, socks))

@@ -1,8 +1,9 @@
 """Running the app under uvicorn with Cadence's own signal handling.
 
-    exit_code = serve(app, host, port, shutdown_timeout)
-    exit_code = serve(app, host, port, shutdown_timeout, sock)   on a socket bound elsewhere
-                                                                 (one of several API processes)
+    exit_code = serve(app, host, port, shutdown_timeout, socks)
+
+`socks`: the listening sockets (listener.listening_sockets), taken before the engine
+started; host and port only name them in uvicorn's messages.
 
 SIGTERM drains (see api_server.py): no new requests, running ones finish within
 `shutdown_timeout` seconds, the rest are aborted, exit code 0. SIGINT (Ctrl-C) aborts what
@@ -21,6 +22,7 @@ import uvicorn
 from fastapi import FastAPI
 
 logger = logging.getLogger("cadence.api")
+STARTUP_FAILURE = 3  # (uvicorn's exit code for a server that never started)
 
 
 class _Server(uvicorn.Server):
@@ -58,12 +60,22 @@ def serve(
     app: FastAPI,
     host: str,
     port: int,
-    shutdown_timeout: float = 30.0,
-    sock: socket.socket | None = None,
+    shutdown_timeout: float,
+    socks: list[socket.socket],
 ) -> int:
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
     )
     server = _Server(config, app, shutdown_timeout)
-    server.run(sockets=[sock] if sock is not None else None)
+    server.run(sockets=socks)
+    if not server.started:
+        return STARTUP_FAILURE
     return int(app.state.cadence.get("exit_code", 0))
+
+
+def run_app(app, socks: list[socket.socket]) -> int:
+    """A plain ASGI app (the routers) on `socks` under uvicorn's own signal handling; the
+    exit code uvicorn.run gives (STARTUP_FAILURE if it never started)."""
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server.run(sockets=socks)
+    return 0 if server.started else STARTUP_FAILURE
