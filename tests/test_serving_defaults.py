@@ -113,6 +113,7 @@ def test_serve_builds_a_serving_engine(monkeypatch):
 
     seen = []
     monkeypatch.setattr(api_server, "create_app", lambda config, options: seen.append(config))
+
     def serve(app, host, port, shutdown_timeout, socks) -> int:  # (no server started)
         for sock in socks:
             sock.close()
