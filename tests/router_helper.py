@@ -30,7 +30,12 @@ def router(urls: list[str], policy: str, prefill: list[str] = (), args: list[str
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, pass_fds=handover["pass_fds"])
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(300):
+        # Up to 30 s for /health to say 200 (a test may go on with workers that never
+        # will); the socket listens from the start, so a poll waits rather than fails.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the router exited with {proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break

@@ -3,9 +3,10 @@ one router on the public address.
 
 Each replica is a whole `cadence serve` (API process + engine process) on 127.0.0.1 and a
 port this process takes and hands it (entrypoints/listener.py), with the same flags: on GPUs
-it sees its own `tensor_parallel_size` of them (CUDA_VISIBLE_DEVICES), on a CPU its own share
-of the cores (its engine pins its threads there). The router (cadence/router/) sends each request to one of them by
-`--router-policy`. The replicas die with this process; SIGTERM reaches them (they drain).
+it sees its own `tensor_parallel_size` of them (CUDA_VISIBLE_DEVICES), on a CPU its own
+share of the cores (its engine pins its threads there). The router (cadence/router/) sends
+each request to one of them by `--router-policy`. The replicas die with this process;
+SIGTERM reaches them (they drain).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The API server process: FastAPI routes, the guard at the door, the engine's life cycle.
 
     app = create_app(config, options)   the lifespan starts the engine core process
-    serve(app, host, port)              uvicorn, with Cadence's signal handling (launcher.py)
+    serve(app, host, port, t, socks)    uvicorn, with Cadence's signal handling (launcher.py)
 
 With several API processes (--api-server-count, api_servers.py) each runs this app beside an
 engine the supervisor started (`attach`), with the admission counts in shared memory.

@@ -8,7 +8,11 @@ started; host and port only name them in uvicorn's messages.
 SIGTERM drains (see api_server.py): no new requests, running ones finish within
 `shutdown_timeout` seconds, the rest are aborted, exit code 0. SIGINT (Ctrl-C) aborts what
 is running at once and exits. A second signal of either kind exits without waiting.
-The exit code is 1 when the engine died (the app sets it), else 0.
+The exit code is 1 when the engine died (the app sets it), 3 when the server never
+started, else 0.
+
+    exit_code = run_app(app, socks)   a plain app (the routers): SIGTERM or SIGINT stops it
+                                      and run_app returns, so the caller's cleanup runs
 """
 
 from __future__ import annotations
@@ -73,9 +77,19 @@ def serve(
     return int(app.state.cadence.get("exit_code", 0))
 
 
+class _AppServer(uvicorn.Server):
+    def handle_exit(self, sig: int, frame) -> None:
+        # uvicorn's, but without re-raising the signal once the server has stopped: that
+        # would end this process before its caller's cleanup (-dp stops its replicas, which
+        # drain) could run.
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True
+        self.should_exit = True
+
+
 def run_app(app, socks: list[socket.socket]) -> int:
-    """A plain ASGI app (the routers) on `socks` under uvicorn's own signal handling; the
-    exit code uvicorn.run gives (STARTUP_FAILURE if it never started)."""
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    """A plain ASGI app (the routers) on `socks` until SIGTERM or SIGINT; 0, or
+    STARTUP_FAILURE if it never started (as uvicorn.run exits)."""
+    server = _AppServer(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=socks)
     return 0 if server.started else STARTUP_FAILURE

@@ -16,8 +16,8 @@ in LISTEN_FD_ENV. The port is never free between the parent's choice and the chi
 accept.
 
 Addresses follow asyncio's `create_server`: every address `host` resolves to (both of
-localhost's, say), IPv6 sockets IPv6 only, SO_REUSEADDR (a restart need not wait out
-TIME_WAIT).
+localhost's, say) whose family this machine has, IPv6 sockets IPv6 only, SO_REUSEADDR (a
+restart need not wait out TIME_WAIT).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ BACKLOG = 2048  # (uvicorn's default)
 def bind_listener(host: str, port: int) -> socket.socket:
     """One socket on host:port (a numeric address; port 0: one the OS picks), listening."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return _listen(family, (host, port))
+    return _listen(socket.socket(family, socket.SOCK_STREAM), (host, port))
 
 
 def listening_sockets(host: str, port: int) -> list[socket.socket]:
@@ -49,21 +49,27 @@ def listening_sockets(host: str, port: int) -> list[socket.socket]:
     socks: list[socket.socket] = []
     try:
         for family, address in addresses:
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError:  # (a family this machine lacks, IPv6 off at boot: as asyncio)
+                continue
             # (port 0 with several addresses: the rest take the port the first one got)
             chosen = socks[0].getsockname()[1] if socks else port
-            socks.append(_listen(family, (address[0], chosen, *address[2:])))
+            socks.append(_listen(sock, (address[0], chosen, *address[2:])))
     except BaseException:
         for sock in socks:
             sock.close()
         raise
+    if not socks:
+        raise OSError(f"no address of {host!r} has a family this machine can listen on")
     return socks
 
 
-def _listen(family: int, address: tuple) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
+def _listen(sock: socket.socket, address: tuple) -> socket.socket:
+    """`sock` bound to `address` and listening; closed if either fails."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
+        if sock.family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
         sock.listen(BACKLOG)
@@ -78,11 +84,15 @@ def _inherited(value: str, port: int) -> socket.socket:
         sock = socket.socket(fileno=int(value))
     except (ValueError, OSError) as e:
         raise ValueError(f"{LISTEN_FD_ENV}={value!r} is not a socket descriptor: {e}") from None
-    tcp = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
-    listening = tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-    bound = sock.getsockname()[1] if tcp else 0
+    try:
+        tcp = sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+        listening = tcp and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        bound = sock.getsockname()[1] if tcp else 0
+    except OSError:
+        listening = bound = 0
     if not listening or (port and bound != port):
         sock.detach()  # (refused, not closed: the descriptor stays its owner's)
         where = f" on port {port}" if port else ""
         raise ValueError(f"{LISTEN_FD_ENV}={value!r} is not a listening TCP socket{where}")
+    sock.set_inheritable(False)  # (this process's children get it only when handed it)
     return sock
