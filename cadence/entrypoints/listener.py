@@ -22,12 +22,14 @@ restart need not wait out TIME_WAIT).
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 
 # The number of an inherited, listening TCP socket to serve on instead of binding host:port.
 LISTEN_FD_ENV = "CADENCE_LISTEN_FD"
 BACKLOG = 2048  # (uvicorn's default)
+PORT_ZERO_TRIES = 5  # ports tried for `--port 0` on a host of several addresses
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -46,6 +48,19 @@ def listening_sockets(host: str, port: int) -> list[socket.socket]:
         return [_inherited(value, port)]
     infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     addresses = list(dict.fromkeys((family, address) for family, *_, address in infos))
+    tries = PORT_ZERO_TRIES if port == 0 and len(addresses) > 1 else 1
+    for attempt in range(tries):
+        try:
+            return _listen_all(host, port, addresses)
+        except OSError as e:
+            # (port 0 on several addresses: the port the first one got may be taken on
+            # another of them, and another port will do)
+            if e.errno != errno.EADDRINUSE or attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _listen_all(host: str, port: int, addresses: list[tuple]) -> list[socket.socket]:
     socks: list[socket.socket] = []
     try:
         for family, address in addresses:

@@ -131,3 +131,33 @@ def test_a_handover_that_is_no_listening_tcp_socket_is_refused(kind, monkeypatch
     finally:
         for obj in keep:
             obj.close()
+
+
+def test_port_zero_on_several_addresses_tries_another_port(monkeypatch):
+    """The port the first address got was taken on the second: a new pick, not a failure."""
+    import errno
+
+    from cadence.entrypoints import listener
+
+    monkeypatch.delenv(LISTEN_FD_ENV, raising=False)
+    real, calls = listener._listen, []
+
+    def second_taken_once(sock, address):
+        calls.append(address)
+        if len(calls) == 2:
+            sock.close()
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        return real(sock, address)
+
+    monkeypatch.setattr(listener, "_listen", second_taken_once)
+    two = [(socket.AF_INET, ("127.0.0.1", 0)), (socket.AF_INET, ("127.0.0.2", 0))]
+    monkeypatch.setattr(
+        socket, "getaddrinfo", lambda *a, **k: [(f, socket.SOCK_STREAM, 6, "", ad) for f, ad in two]
+    )
+    socks = listening_sockets("twohomed", 0)
+    try:
+        assert len(calls) == 4 and len(socks) == 2  # (first try: 2 calls; second: 2)
+        assert len({s.getsockname()[1] for s in socks}) == 1
+    finally:
+        for sock in socks:
+            sock.close()
