@@ -72,9 +72,8 @@ def serve(
     )
     server = _Server(config, app, shutdown_timeout)
     server.run(sockets=socks)
-    if not server.started:
-        return STARTUP_FAILURE
-    return int(app.state.cadence.get("exit_code", 0))
+    code = int(app.state.cadence.get("exit_code", 0))  # (1: the engine died, say at start)
+    return code if code or server.started else STARTUP_FAILURE
 
 
 class _AppServer(uvicorn.Server):
