@@ -35,9 +35,13 @@ class RMSNorm(nn.Module):
             if residual is None:  # (3-D: per-head q / k norms, Qwen3's)
                 return fused.rms_norm(x, self.weight, self.eps)
             return fused.add_rms_norm(x, residual, self.weight, self.eps)
-        if x.dim() == 2 and x.dtype == self.weight.dtype and (ops := cpu_ops.usable(x)) is not None:
-            out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)  # one call
-            return out if residual is None else (out, summed)
+        if x.dtype == self.weight.dtype and (ops := cpu_ops.usable(x)) is not None:
+            if x.dim() == 2:
+                out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)  # one call
+                return out if residual is None else (out, summed)
+            if x.dim() == 3 and residual is None:  # per-head q / k norms: a row per head
+                rows = x.reshape(-1, x.shape[-1])  # (a copy where q is a view of qkv)
+                return ops.add_rms_norm(rows, None, self.weight, self.eps)[0].view(x.shape)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -42,6 +42,27 @@ def test_rms_norm_with_and_without_residual(dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_per_head_rms_norm_of_strided_views(dtype, tokens, monkeypatch):
+    """Qwen3's q / k norms: [T, H, D] views of the fused qkv, each head a row of the kernel."""
+    kernel, calls = cpu_ops.ops().add_rms_norm, []
+    monkeypatch.setattr(
+        cpu_ops.ops(), "add_rms_norm", lambda *a: calls.append(a[0].shape) or kernel(*a)
+    )
+    g = torch.Generator().manual_seed(tokens)
+    hq, hkv, d = 4, 2, 32
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g).to(dtype)
+    q = qkv[:, : hq * d].view(tokens, hq, d)  # (not contiguous: rows of qkv's width)
+    norm = RMSNorm(d, eps=1e-6).to(dtype)
+    norm.weight.data = torch.randn(d, generator=g).to(dtype)
+    before = qkv.clone()
+
+    _close(norm(q), norm._norm(q))
+    assert calls == [(tokens * hq, d)]  # one call, a row per head
+    assert torch.equal(qkv, before)  # (the view is read, not normed in place)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     x = torch.randn(5, 2 * 48, generator=torch.Generator().manual_seed(1)).to(dtype)
     gate, up = x.chunk(2, dim=-1)
