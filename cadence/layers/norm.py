@@ -8,6 +8,21 @@ from torch import nn
 from cadence.ops import cpu_ops
 
 
+def _cpu_norm(x, residual, weight, eps, gemma: bool = False):
+    """The norm (and the residual add) in one call of the CPU kernel where it can take `x`:
+    [T, H] rows, or [T, H, D] per-head q / k norms (Qwen3, Gemma 3: a row per head), in the
+    norm's dtype. The result the module's op-by-op forward gives; None elsewhere."""
+    if x.dtype != weight.dtype or (ops := cpu_ops.usable(x)) is None:
+        return None
+    if x.dim() == 2:
+        out, summed = ops.add_rms_norm(x, residual, weight, eps, gemma)
+        return out if residual is None else (out, summed)
+    if x.dim() == 3 and residual is None:
+        rows = x.reshape(-1, x.shape[-1])  # (a copy where q is a view of qkv)
+        return ops.add_rms_norm(rows, None, weight, eps, gemma)[0].view(x.shape)
+    return None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -35,13 +50,8 @@ class RMSNorm(nn.Module):
             if residual is None:  # (3-D: per-head q / k norms, Qwen3's)
                 return fused.rms_norm(x, self.weight, self.eps)
             return fused.add_rms_norm(x, residual, self.weight, self.eps)
-        if x.dtype == self.weight.dtype and (ops := cpu_ops.usable(x)) is not None:
-            if x.dim() == 2:
-                out, summed = ops.add_rms_norm(x, residual, self.weight, self.eps)  # one call
-                return out if residual is None else (out, summed)
-            if x.dim() == 3 and residual is None:  # per-head q / k norms: a row per head
-                rows = x.reshape(-1, x.shape[-1])  # (a copy where q is a view of qkv)
-                return ops.add_rms_norm(rows, None, self.weight, self.eps)[0].view(x.shape)
+        if (fast := _cpu_norm(x, residual, self.weight, self.eps)) is not None:
+            return fast
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -73,6 +83,8 @@ class GemmaRMSNorm(nn.Module):
             if residual is None:
                 return fused.rms_norm(x, self.weight, self.eps, gemma=True)
             return fused.add_rms_norm(x, residual, self.weight, self.eps, gemma=True)
+        if (fast := _cpu_norm(x, residual, self.weight, self.eps, gemma=True)) is not None:
+            return fast
         if residual is None:
             return self._norm(x)
         x = x + residual

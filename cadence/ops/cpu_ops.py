@@ -9,7 +9,9 @@ lock that dies with its holder. Where they cannot be built (no C++
 compiler) or CADENCE_CPU_KERNELS=0, `ops()` is None and the layers keep their plain
 PyTorch ops: the same results, more dispatches a step.
 
-    add_rms_norm(x, residual | None, weight, eps) -> [norm(x + residual), x + residual]
+    add_rms_norm(x, residual | None, weight, eps, gemma=False)
+                                                      -> [norm(x + residual), x + residual]
+                                                      (gemma: Gemma's norm, scaled by 1 + w)
     rotary_(q, k, cos, sin)                           in place
     silu_and_mul(x) -> silu(x[:, :d]) * x[:, d:]
     paged_attention(out, q, k_cache, v_cache, block_tables, first_row, query_lens,

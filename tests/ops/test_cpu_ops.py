@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from cadence.layers.activation import SiluAndMul
-from cadence.layers.norm import RMSNorm
+from cadence.layers.norm import GemmaRMSNorm, RMSNorm
 from cadence.layers.rotary import _rotate_half
 from cadence.ops import cpu_ops
 
@@ -42,9 +42,27 @@ def test_rms_norm_with_and_without_residual(dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 37])
+def test_gemma_rms_norm_with_and_without_residual(dtype, rows):
+    """Gemma's norm: the weight an offset from 1, the product in float32, one rounding."""
+    g = torch.Generator().manual_seed(rows)
+    norm = GemmaRMSNorm(96, eps=1e-6).to(dtype)
+    norm.weight.data = (0.5 * torch.randn(96, generator=g)).to(dtype)
+    x = torch.randn(rows, 96, generator=g).to(dtype)
+    residual = torch.randn(rows, 96, generator=g).to(dtype)
+
+    out, summed = norm(x, residual)
+    _close(summed, x + residual)
+    _close(out, norm._norm(x + residual))
+    _close(norm(x), norm._norm(x))
+
+
+@pytest.mark.parametrize("norm_class", [RMSNorm, GemmaRMSNorm])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", [1, 9])
-def test_per_head_rms_norm_of_strided_views(dtype, tokens, monkeypatch):
-    """Qwen3's q / k norms: [T, H, D] views of the fused qkv, each head a row of the kernel."""
+def test_per_head_rms_norm_of_strided_views(norm_class, dtype, tokens, monkeypatch):
+    """Qwen3's and Gemma 3's q / k norms: [T, H, D] views of the fused qkv, each head a row
+    of the kernel."""
     kernel, calls = cpu_ops.ops().add_rms_norm, []
     monkeypatch.setattr(
         cpu_ops.ops(), "add_rms_norm", lambda *a: calls.append(a[0].shape) or kernel(*a)
@@ -53,7 +71,7 @@ def test_per_head_rms_norm_of_strided_views(dtype, tokens, monkeypatch):
     hq, hkv, d = 4, 2, 32
     qkv = torch.randn(tokens, (hq + 2 * hkv) * d, generator=g).to(dtype)
     q = qkv[:, : hq * d].view(tokens, hq, d)  # (not contiguous: rows of qkv's width)
-    norm = RMSNorm(d, eps=1e-6).to(dtype)
+    norm = norm_class(d, eps=1e-6).to(dtype)
     norm.weight.data = torch.randn(d, generator=g).to(dtype)
     before = qkv.clone()
 

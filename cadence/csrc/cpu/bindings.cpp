@@ -7,7 +7,7 @@
 // every decoding request's K/V for SDPA), each a few microseconds of dispatch. Each
 // function here does one of those chains in one call:
 //
-//   add_rms_norm(x, residual?, weight, eps) -> (out, x + residual)
+//   add_rms_norm(x, residual?, weight, eps, gemma=False) -> (out, x + residual)
 //   rotary_(q, k, cos, sin)                  rotate q and k in place (rotate-half layout)
 //   silu_and_mul(x) -> out                   silu(x[:, :d]) * x[:, d:]
 //   paged_attention(out, q, k_cache, v_cache, block_tables, rows, query_lens, seq_lens,
@@ -42,7 +42,7 @@
 
 namespace cadence_cpu {
 std::vector<at::Tensor> add_rms_norm(torch::Tensor x, c10::optional<torch::Tensor> residual,
-                                        torch::Tensor weight, double eps);
+                                        torch::Tensor weight, double eps, bool gemma);
 void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_and_mul(torch::Tensor x);
 void paged_attention(torch::Tensor out, torch::Tensor q, torch::Tensor k_cache,
@@ -76,7 +76,8 @@ void bind_threads(std::vector<int64_t> cores);
 using namespace cadence_cpu;
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("add_rms_norm", &add_rms_norm, "(norm(x + residual), x + residual)");
+  m.def("add_rms_norm", &add_rms_norm, "(norm(x + residual), x + residual)", py::arg("x"),
+        py::arg("residual"), py::arg("weight"), py::arg("eps"), py::arg("gemma") = false);
   m.def("rotary_", &rotary_, "rotate q and k in place");
   m.def("silu_and_mul", &silu_and_mul, "silu(x[:, :d]) * x[:, d:]");
   m.def("paged_attention", &paged_attention, "short-query attention over the paged KV pool");

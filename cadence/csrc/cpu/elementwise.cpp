@@ -7,9 +7,11 @@ namespace cadence_cpu {
 
 // ---- RMSNorm with the residual add ---------------------------------------------------
 
+// gemma: Gemma's RMSNorm, whose weight is an offset from 1 and whose product is taken in
+// float32 before the one rounding (Llama's rounds the normed value first, then scales).
 template <typename T>
 void add_rms_norm_impl(const at::Tensor& x, const at::Tensor* residual,
-                       const at::Tensor& weight, double eps, at::Tensor& out,
+                       const at::Tensor& weight, double eps, bool gemma, at::Tensor& out,
                        at::Tensor& res_out) {
   const int64_t rows = x.size(0), n = x.size(1);
   const T* xp = x.data_ptr<T>();
@@ -31,7 +33,11 @@ void add_rms_norm_impl(const at::Tensor& x, const at::Tensor* residual,
       const float ss = dot(h.data(), h.data(), n);
       const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
       T* o = op + r * n;
-      for (int64_t i = 0; i < n; ++i) store_t(o, i, load_f(wp, i) * round_t<T>(h[i] * inv));
+      if (gemma) {
+        for (int64_t i = 0; i < n; ++i) store_t(o, i, (h[i] * inv) * (1.0f + load_f(wp, i)));
+      } else {
+        for (int64_t i = 0; i < n; ++i) store_t(o, i, load_f(wp, i) * round_t<T>(h[i] * inv));
+      }
       if (rp) {  // without a residual, x itself is the returned sum: nothing to write
         T* s = sp + r * n;
         for (int64_t i = 0; i < n; ++i) store_t(s, i, h[i]);
@@ -41,7 +47,7 @@ void add_rms_norm_impl(const at::Tensor& x, const at::Tensor* residual,
 }
 
 std::vector<at::Tensor> add_rms_norm(at::Tensor x, c10::optional<at::Tensor> residual,
-                                        at::Tensor weight, double eps) {
+                                        at::Tensor weight, double eps, bool gemma) {
   check_rows(x, "x");
   TORCH_CHECK(x.dim() == 2, "x must be [rows, hidden]");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "bad norm weight");
@@ -55,7 +61,7 @@ std::vector<at::Tensor> add_rms_norm(at::Tensor x, c10::optional<at::Tensor> res
   auto res_out = residual ? at::empty({x.size(0), x.size(1)}, x.options()) : x;
   const at::Tensor* rp = residual ? &*residual : nullptr;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "add_rms_norm",
-                                  [&] { add_rms_norm_impl<scalar_t>(x, rp, weight, eps, out, res_out); });
+                                  [&] { add_rms_norm_impl<scalar_t>(x, rp, weight, eps, gemma, out, res_out); });
   return {out, res_out};
 }
 
