@@ -7,8 +7,8 @@ against one piece.
     python benchmarks/moe_expert_gemm_bench.py [--models benchmarks/mixtral-8x7b ...]
         [--tokens 2048 4096 8192]
 
-Each line: us a call (CUDA events over 10 calls after 3 warm-ups) and TFLOP/s
-(2 x rows x N x K per GEMM). The routing is uniform random, top-k of the model.
+Each line: us a call (moe_tile_sweep.time_us: CUDA events over 10 calls after a warm-up)
+and TFLOP/s (2 x rows x N x K per GEMM). The routing is uniform random, top-k of the model.
 """
 
 from __future__ import annotations
@@ -16,20 +16,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from moe_tile_sweep import expert_shape
-
-
-def events_us(fn, iters: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
+from moe_tile_sweep import expert_shape, time_us
 
 
 def per_expert_mm(a: torch.Tensor, w: torch.Tensor, ends: list[int]) -> torch.Tensor:
@@ -65,23 +52,23 @@ def bench_shape(model: str, tokens: int) -> None:
     up_flops = 2 * pairs * 2 * inter * hidden
     line(
         "gate-up grouped_mm",
-        events_us(lambda: torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets)),
+        time_us(lambda: torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets)),
         up_flops,
     )
-    line("gate-up per-expert mm", events_us(lambda: per_expert_mm(xs, w13, ends)), up_flops)
+    line("gate-up per-expert mm", time_us(lambda: per_expert_mm(xs, w13, ends)), up_flops)
     act = fused.silu_and_mul(torch._grouped_mm(xs, w13.transpose(1, 2), offs=offsets))
     down_flops = 2 * pairs * inter * hidden
     line(
         "down grouped_mm",
-        events_us(lambda a=act: torch._grouped_mm(a, w2.transpose(1, 2), offs=offsets)),
+        time_us(lambda a=act: torch._grouped_mm(a, w2.transpose(1, 2), offs=offsets)),
         down_flops,
     )
-    line("down per-expert mm", events_us(lambda a=act: per_expert_mm(a, w2, ends)), down_flops)
+    line("down per-expert mm", time_us(lambda a=act: per_expert_mm(a, w2, ends)), down_flops)
     del act
     layer_flops = up_flops + down_flops
     line(
         "layer, chunked as served",
-        events_us(lambda: moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights)),
+        time_us(lambda: moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights)),
         layer_flops,
     )
     real = moe_grouped_mm.CHUNK_BYTES
@@ -89,7 +76,7 @@ def bench_shape(model: str, tokens: int) -> None:
     try:
         line(
             "layer, one piece",
-            events_us(lambda: moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights)),
+            time_us(lambda: moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights)),
             layer_flops,
         )
     finally:
@@ -104,7 +91,7 @@ def bench_shape(model: str, tokens: int) -> None:
         o = per_expert_mm(a, w2, e_ends)
         return moe_grouped_mm.combine(o, r_of, weights, torch.empty_like(x))
 
-    line("layer, per-expert mm + host sync", events_us(layer_per_expert), layer_flops)
+    line("layer, per-expert mm + host sync", time_us(layer_per_expert), layer_flops)
     want = moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights).float()
     diff = ((layer_per_expert().float() - want).abs().max() / want.abs().max()).item()
     print(
