@@ -1,9 +1,11 @@
-"""Decide, per expert shape and step size (64 tokens and up), whether a step's 16-bit experts
-take torch's grouped GEMM (cadence/ops/moe_grouped_mm.py) or the Triton grouped GEMMs
-(fused_moe.py), and write "grouped_mm": true into the tile table's entries where it wins.
+"""Decide, per expert shape and step size (64 tokens and up), whether a step's experts take
+torch's grouped GEMM (cadence/ops/moe_grouped_mm.py: bf16, or FP8 experts through the W8A8
+scaled GEMM) or the Triton grouped GEMMs (fused_moe.py: FP8 experts W8A16), and write
+"grouped_mm": true into the tile table's entries where it wins.
 
     python benchmarks/moe_grouped_mm_sweep.py --table cadence/ops/moe_tiles_h200.json \
-        [--out OUT.json] [--models benchmarks/qwen3-30b-a3b ...] [--batches 256 ... 8192]
+        [--out OUT.json] [--models benchmarks/qwen3-30b-a3b ...] [--batches 256 ... 8192] \
+        [--dtypes bf16 fp8]
 
 Both paths are timed whole (sorting the pairs, both GEMMs, the activation, the weighted
 sum over slots) on the same random routing, each replayed in a CUDA graph (which also
@@ -38,7 +40,7 @@ def timed(calls: list) -> tuple[float, str]:
         return time_us(calls[0]), "eager"
 
 
-def replays_new_routing(x, w13, w2, ids, weights) -> bool:
+def replays_new_routing(x, w13, w2, ids, weights, s13=None, s2=None) -> bool:
     """Whether torch's path, captured in a CUDA graph, gives the eager result when replayed
     after the routing changed (decode and mixed-step graphs replay with new ids each step,
     so the group sizes must be read on the device, not fixed at capture)."""
@@ -47,7 +49,7 @@ def replays_new_routing(x, w13, w2, ids, weights) -> bool:
     static_ids, static_w = ids.clone(), weights.clone()
 
     def run():
-        return moe_grouped_mm.grouped_mm_experts(x, w13, w2, static_ids, static_w)
+        return moe_grouped_mm.grouped_mm_experts(x, w13, w2, static_ids, static_w, 0, s13, s2)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -70,7 +72,7 @@ def replays_new_routing(x, w13, w2, ids, weights) -> bool:
     return torch.allclose(out.float(), want.float(), atol=1e-3, rtol=1e-2)
 
 
-def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> dict:
+def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str, fp8: bool) -> dict:
     from cadence.ops import fused_moe, moe_grouped_mm, moe_tiles
 
     _, hidden, inter, top_k = shape
@@ -79,23 +81,25 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> di
         if "pairs" in entry:  # (such steps take the per-pair GEMVs)
             continue
         entry.pop("grouped_mm", None)
-        case = Case(shape, False, tokens)
+        case = Case(shape, fp8, tokens)
         args = (case.x, case.w13, case.w2, case.ids, case.weights)
-        if not moe_grouped_mm.usable(case.x, case.w13, None, None, None):
+        if not moe_grouped_mm.usable(case.x, case.w13, case.s13, None, None):
             print(f"{key}: torch's grouped GEMM cannot take these experts", flush=True)
             return entries
         real_config = moe_tiles.config
         moe_tiles.config = lambda *a, e=entry: e
         try:
-            triton_us, how_t = timed([lambda a=args: fused_moe.fused_experts(*a)] * 4)
-            want = fused_moe.fused_experts(*args)
+            triton_args = (*args, case.s13, case.s2)
+            triton_us, how_t = timed([lambda a=triton_args: fused_moe.fused_experts(*a)] * 4)
+            want = fused_moe.fused_experts(*triton_args)
         finally:
             moe_tiles.config = real_config
-        torch_us, how_g = timed([lambda a=args: moe_grouped_mm.grouped_mm_experts(*a)] * 4)
-        got = moe_grouped_mm.grouped_mm_experts(*args)
+        torch_args = (*args, 0, case.s13, case.s2)
+        torch_us, how_g = timed([lambda a=torch_args: moe_grouped_mm.grouped_mm_experts(*a)] * 4)
+        got = moe_grouped_mm.grouped_mm_experts(*torch_args)
         diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
         flops = 2 * tokens * top_k * 3 * hidden * inter
-        replays = how_g == "graph" and replays_new_routing(*args)
+        replays = how_g == "graph" and replays_new_routing(*args, case.s13, case.s2)
         won = replays and torch_us < triton_us * (1 - MARGIN)
         if won:
             entry["grouped_mm"] = True
@@ -116,7 +120,9 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> di
 def main() -> None:
     # (a shape the table lacks keeps the default tiles at every size: skipped)
     models = ["benchmarks/qwen3-30b-a3b", "benchmarks/mixtral-8x7b"]
-    args = table_sweep_args(__doc__.split("\n")[0], models, BATCHES).parse_args()
+    ap = table_sweep_args(__doc__.split("\n")[0], models, BATCHES)
+    ap.add_argument("--dtypes", nargs="+", choices=["bf16", "fp8"], default=["bf16"])
+    args = ap.parse_args()
     from cadence.ops import moe_tiles
 
     out = Path(args.out or args.table)
@@ -124,12 +130,16 @@ def main() -> None:
     t0 = time.time()
     for model in args.models:
         shape = expert_shape(model)
-        key = moe_tiles.shape_key(torch.bfloat16, *shape[:3])
-        if key not in table["shapes"]:
-            print(f"{key}: not in the table (run moe_tile_sweep.py first)", flush=True)
-            continue
-        table["shapes"][key] = sweep_shape(table["shapes"][key], shape, args.batches, key)
-        out.write_text(format_table(table))  # (a cut-short sweep keeps its part)
+        for dtype in args.dtypes:
+            fp8 = dtype == "fp8"
+            weight_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+            key = moe_tiles.shape_key(weight_dtype, *shape[:3])
+            if key not in table["shapes"]:
+                print(f"{key}: not in the table (run moe_tile_sweep.py first)", flush=True)
+                continue
+            entries = table["shapes"][key]
+            table["shapes"][key] = sweep_shape(entries, shape, args.batches, key, fp8)
+            out.write_text(format_table(table))  # (a cut-short sweep keeps its part)
     print(f"wrote {out} in {time.time() - t0:.0f} s")
 
 

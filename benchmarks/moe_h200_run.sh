@@ -25,6 +25,11 @@
 #                              the Triton GEMMs at 64-8,192 tokens (writes "grouped_mm" into
 #                              this tree's table and $OUT where it wins); then 256 x 1,024;
 #                              PARTS=gmm-tests: the fused-MoE and MoE-model GPU tests
+#   PARTS="gmm-fp8 qwen-fp8-tput mixtral-fp8-tput"   FP8 experts through torch's scaled grouped
+#                              GEMM (W8A8): the GPU tests, then the sweep against the Triton
+#                              W8A16 GEMMs at 256-8,192 tokens (writes "grouped_mm" into the fp8
+#                              entries of this tree's table and $OUT where it wins); then 256 x
+#                              1,024 -> 256 with FP8
 #   PARTS="norm-tests qwen1 qwen1-unfused"   per-head q / k norms in the attention backend's
 #                              kernel A, and the norm + router gemv at batch 1: their GPU
 #                              tests (kernel cases, Qwen3 / Gemma models in graphs), then
@@ -36,12 +41,13 @@
 #                              GEMM per expert (benchmarks/moe_expert_gemm_bench.py)
 #   PARTS="qwen-fp8-tput mixtral-fp8-tput"   256 x 1,024 -> 256 with FP8 experts and layers
 #   PARTS=mixtral64            Mixtral-8x7B bf16 batch 64 alone
+#   PARTS=fp8-b64              both models' FP8 batch 64 alone
 #   PARTS=silu                 fused.silu_and_mul against the bandwidth (benchmarks/silu_mul_bench.py)
 #   PARTS=gpu-tests            norm-tests' and gmm-tests' tests in one run, with the GGUF
 #                              experts expanded on CUDA (tests/loader/test_gguf_moe.py);
 #                              GPU_TESTS_S=555 lets the whole run finish (~420 s) in a call
 #                              of its own
-#   PARTS="profile profile-prefill profile-mixtral"   benchmarks/profile_step.py: Qwen3-30B-A3B's
+#   PARTS="profile profile-prefill profile-mixtral profile-qwen-fp8"   benchmarks/profile_step.py: Qwen3-30B-A3B's
 #                              batch-1 decode step; the throughput case's phases (a batch-256
 #                              decode step, a mixed step, an 8,192-token prefill) on Qwen3-30B-A3B
 #                              and Mixtral-8x7B
@@ -119,6 +125,17 @@ if has gmm; then  # torch's grouped GEMM against the Triton GEMMs in large steps
   [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
   echo "   grouped_mm sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
+if has gmm-fp8; then  # FP8 experts: torch's scaled grouped GEMM (W8A8) against Triton's W8A16
+  t0=$SECONDS
+  python3 -m pytest -q -m gpu tests/ops/test_moe_grouped_mm.py tests/ops/test_fp8_rows.py \
+    tests/quant/test_quant_triton.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
+  timeout "${SWEEP_S:-240}" python3 benchmarks/moe_grouped_mm_sweep.py --dtypes fp8 \
+    --batches 256 512 1024 2048 4096 8192 --table cadence/ops/moe_tiles_h200.json \
+    --out "$OUT/moe_tiles_h200.json" > "$OUT/gmm_fp8_sweep.log" 2>&1
+  grep -E "T=|cannot|capture|wrote|Error" "$OUT/gmm_fp8_sweep.log" | tee -a "$LOG"
+  [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
+  echo "   grouped_mm fp8 sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
+fi
 if has gmm-tests; then  # the fused-MoE kernels and the MoE / per-head-norm models in graphs
   python3 -m pytest -q -m gpu tests/ops/test_fused_moe.py tests/worker/test_cuda_runner.py \
     -k "fused_moe or pair or qwen3 or mixtral or gemma or granite or olmoe" -p no:cacheprovider \
@@ -167,13 +184,15 @@ profile_tput() {  # profile_tput NAME MODEL: the throughput case's phases (256 x
   # the whole batch's prefill-carrying and decode-only seconds, a batch-256 decode step at
   # ~1,030 tokens of context, a mixed step (~128 decodes + prompt chunks), an 8,192-token
   # prefill step
-  python3 benchmarks/profile_step.py "benchmarks/$2" --batch-size 256 --input-len 1024 \
+  local name=$1 model=$2; shift 2
+  python3 benchmarks/profile_step.py "benchmarks/$model" --batch-size 256 --input-len 1024 \
     --output-len 256 --mixed-step 16 --prefill-tokens 8192 --async-scheduling \
-    --hbm-gbps 4200 --json "$OUT/profile_$1.json" > "$OUT/profile_$1.log" 2>&1
-  grep -vE " INFO |UserWarning|_warn_once" "$OUT/profile_$1.log" | tail -80 >> "$LOG"
+    --hbm-gbps 4200 --json "$OUT/profile_$name.json" "$@" > "$OUT/profile_$name.log" 2>&1
+  grep -vE " INFO |UserWarning|_warn_once" "$OUT/profile_$name.log" | tail -80 >> "$LOG"
 }
 has profile-prefill && profile_tput qwen3_tput qwen3-30b-a3b
 has profile-mixtral && profile_tput mixtral_tput mixtral-8x7b
+has profile-qwen-fp8 && profile_tput qwen3_fp8_tput qwen3-30b-a3b --quantization fp8
 has qwen-fp8 && { lat qwen3_fp8 qwen3-30b-a3b 1 --quantization fp8; lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; }
 has qwen-tput && tput qwen3 qwen3-30b-a3b
 has qwen-fp8-tput && tput qwen3_fp8 qwen3-30b-a3b --quantization fp8
@@ -195,6 +214,7 @@ has mixtral64 && lat mixtral mixtral-8x7b 64
 has mixtral-fp8 && { lat mixtral_fp8 mixtral-8x7b 1 --quantization fp8; lat mixtral_fp8 mixtral-8x7b 64 --quantization fp8; }
 has mixtral-tput && tput mixtral mixtral-8x7b
 has mixtral-fp8-tput && tput mixtral_fp8 mixtral-8x7b --quantization fp8
+has fp8-b64 && { lat qwen3_fp8 qwen3-30b-a3b 64 --quantization fp8; lat mixtral_fp8 mixtral-8x7b 64 --quantization fp8; }
 has gptoss && { lat gptoss gpt-oss-20b 1; lat gptoss gpt-oss-20b 64; }
 has gptoss-fp8 && { lat gptoss_fp8 gpt-oss-20b 1 --quantization fp8; lat gptoss_fp8 gpt-oss-20b 64 --quantization fp8; }
 has gptoss-start && start_time gpt-oss-20b GPT-OSS-20B

@@ -180,6 +180,7 @@ def main() -> None:
     ap.add_argument("--async-scheduling", action="store_true")
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, help="rank 0's view")
+    ap.add_argument("--quantization", default="auto", help="e.g. fp8")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -193,6 +194,7 @@ def main() -> None:
         async_scheduling=args.async_scheduling,
         enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size,
+        quantization=args.quantization,
     )
     engine = llm.engine
     model = engine.runner.driver.model

@@ -21,8 +21,8 @@ the bytes a step reads halve, the products stay 16-bit) and each column scaled a
 Tile sizes come from moe_tiles (the H200 sweep's table); where the table says so for a
 step's size (an entry's "pairs"), the step takes cadence/ops/moe_pairs.py's two GEMV
 launches instead of the four here (fused_experts_routed: with the routing inside them);
-where an entry says "grouped_mm" (large steps), 16-bit experts take torch's grouped GEMM
-(cadence/ops/moe_grouped_mm.py) instead of these.
+where an entry says "grouped_mm" (large steps), the experts take torch's grouped GEMM
+(cadence/ops/moe_grouped_mm.py; FP8 ones its W8A8 scaled GEMM) instead of these.
 """
 
 from __future__ import annotations
@@ -245,7 +245,9 @@ def fused_experts(
             w13_bias, w2_bias, clamped, tiles=cfg["pairs"],
         )  # fmt: skip
     if cfg.get("grouped_mm") and moe_grouped_mm.usable(x, w13, w13_scale, w13_bias, clamped):
-        return moe_grouped_mm.grouped_mm_experts(x, w13, w2, ids, weights, first_expert)
+        return moe_grouped_mm.grouped_mm_experts(
+            x, w13, w2, ids, weights, first_expert, w13_scale, w2_scale
+        )
     sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
     x = x.contiguous()
     act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)

@@ -16,11 +16,19 @@ then   h = x[rows] @ w13[e]^T   (one group per expert: gate and up side by side)
        o = act @ w2[e]^T
        out[t] = sum_j weights[t, j] * o[row_of[t * k + j]]   (float32 sum, one launch)
 
+FP8 experts (e4m3 weights, a float32 scale per expert and output row) take the same steps
+through `torch._scaled_grouped_mm` (CUTLASS's FP8 grouped GEMM on Hopper), W8A8: the token
+rows are quantized per token before the gather (cadence/ops/fp8_rows.py), and the
+activation is quantized per row as it is computed (`silu_mul_quantize`, so the 16-bit
+activation never reaches memory); each GEMM scales its float32 accumulator by the row's and
+the column's scales and rounds to bf16. The Triton path keeps such experts' activations
+16-bit (W8A16), so a prefill through here rounds once more than a decode step does.
+
 Nothing waits on the host (the group ends stay on the device), so a step can be captured
-in a CUDA graph. 16-bit weights without biases or a clamped gate only (`usable`): FP8
-experts and GPT-OSS's keep the Triton GEMMs. Rounding: each GEMM's output is rounded to
-the activations' dtype before the routing weight scales it (the Triton path scales the
-float32 accumulator first), so the two agree to rounding, not bit for bit.
+in a CUDA graph. Weights without biases or a clamped gate only (`usable`): GPT-OSS's keep
+the Triton GEMMs. Rounding: each GEMM's output is rounded to the activations' dtype before
+the routing weight scales it (the Triton path scales the float32 accumulator first), so
+the two agree to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.ops import fused, moe_routing
+from cadence.ops import fp8_rows, fused, moe_routing
 from cadence.ops.fused import gdc_wait, pdl
 from cadence.ops.moe_epilogue import sum_slots_kernel
 
@@ -89,19 +97,25 @@ def usable(
     w13_bias: torch.Tensor | None,
     clamped: tuple[float, float] | None,
 ) -> bool:
-    """Whether these experts can take the grouped GEMM: 16-bit weights of the activations'
-    dtype (no FP8 scales), no biases, SiLU's gate, widths of whole 16-byte rows (its TMA
-    loads), and a torch that has it."""
+    """Whether these experts can take the grouped GEMM: no biases, SiLU's gate, widths of
+    whole 16-byte rows (its TMA loads), and either 16-bit weights of the activations' dtype
+    or FP8 weights with their scales under bf16 activations (the scaled GEMM writes bf16
+    only) on a GPU that has FP8 tensor cores; and a torch that has the GEMM."""
     _, two_i, hidden = w13.shape
+    if w13_bias is not None or clamped is not None or hidden % 16 or two_i % 32:
+        return False
+    if w13.dtype == fp8_rows.FP8:
+        return (
+            w13_scale is not None
+            and x.dtype == torch.bfloat16
+            and hasattr(torch, "_scaled_grouped_mm")
+            and (not x.is_cuda or torch.cuda.get_device_capability(x.device) >= (9, 0))
+        )
     return (
         hasattr(torch, "_grouped_mm")
         and w13.dtype == x.dtype
         and x.dtype in (torch.bfloat16, torch.float16)
         and w13_scale is None
-        and w13_bias is None
-        and clamped is None
-        and hidden % 16 == 0
-        and two_i % 32 == 0
     )
 
 
@@ -150,6 +164,31 @@ def combine(
     return out
 
 
+def scaled_grouped_mm(
+    a: torch.Tensor,  # [P, K] e4m3, rows sorted by expert
+    a_scale: torch.Tensor,  # [P] float32: each row's scale
+    w: torch.Tensor,  # [E, N, K] e4m3
+    w_scale: torch.Tensor,  # [E, N] float32: each expert's output rows' scales
+    offsets: torch.Tensor,  # [E] int32 group ends
+) -> torch.Tensor:
+    """(a * a_scale) @ (w[e] * w_scale[e])^T for each expert's group of rows: [P, N] bf16.
+    CUTLASS's FP8 grouped GEMM on a GPU; on a CPU (tests: torch has no such kernel there)
+    the same product from the dequantized operands in float32."""
+    if a.is_cuda:
+        return torch._scaled_grouped_mm(
+            a, w.transpose(1, 2), a_scale, w_scale, offs=offsets, out_dtype=torch.bfloat16,
+            use_fast_accum=True,
+        )  # fmt: skip
+    a32 = a.float() * a_scale[:, None]
+    w32 = (w.float() * w_scale[:, :, None]).transpose(1, 2)
+    return torch._grouped_mm(a32, w32, offs=offsets).to(torch.bfloat16)
+
+
+def _gather_fp8(q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """q[rows] for an e4m3 tensor (gathered as bytes: index_select has no FP8 kernel)."""
+    return q.view(torch.uint8).index_select(0, rows).view(q.dtype)
+
+
 def grouped_mm_experts(
     x: torch.Tensor,  # [T, H]
     w13: torch.Tensor,  # [E, 2I, H]: gate rows, then up
@@ -157,10 +196,13 @@ def grouped_mm_experts(
     ids: torch.Tensor,  # [T, k] global expert ids
     weights: torch.Tensor,  # [T, k]
     first_expert: int = 0,
+    w13_scale: torch.Tensor | None = None,  # [E, 2I] float32: FP8 experts only
+    w2_scale: torch.Tensor | None = None,  # [E, H] float32: FP8 experts only
 ) -> torch.Tensor:
     """fused_moe.fused_experts' result through torch's grouped GEMM: [T, H] in x's dtype.
     A step whose gate-up output would pass CHUNK_BYTES runs in equal chunks of tokens."""
     tokens, top_k = ids.shape
+    fp8 = w13_scale is not None
     out = torch.empty((tokens, x.shape[1]), dtype=x.dtype, device=x.device)
     per_token = top_k * w13.shape[1] * x.element_size()  # bytes of gate-up output
     chunks = -(-tokens * per_token // CHUNK_BYTES)
@@ -168,9 +210,18 @@ def grouped_mm_experts(
     for t0 in range(0, tokens, size):
         t1 = min(t0 + size, tokens)
         rows, offsets, row_of = sort_rows(ids[t0:t1], w13.shape[0], first_expert)
-        h = torch._grouped_mm(x[t0:t1].index_select(0, rows), w13.transpose(1, 2), offs=offsets)
-        act = fused.silu_and_mul(h)
-        del h  # (a step's largest buffer: gone before the down GEMM's output)
-        o = torch._grouped_mm(act, w2.transpose(1, 2), offs=offsets)
+        if fp8:
+            # per token before the gather: each token is quantized once, not once a slot
+            xq, xs = fp8_rows.quantize_rows(x[t0:t1])
+            xs_rows = xs.view(-1).index_select(0, rows)
+            h = scaled_grouped_mm(_gather_fp8(xq, rows), xs_rows, w13, w13_scale, offsets)
+            act, act_scale = fp8_rows.silu_mul_quantize(h)
+            del h  # (a step's largest buffer: gone before the down GEMM's output)
+            o = scaled_grouped_mm(act, act_scale.view(-1), w2, w2_scale, offsets)
+        else:
+            h = torch._grouped_mm(x[t0:t1].index_select(0, rows), w13.transpose(1, 2), offs=offsets)
+            act = fused.silu_and_mul(h)
+            del h
+            o = torch._grouped_mm(act, w2.transpose(1, 2), offs=offsets)
         combine(o, row_of, weights[t0:t1], out[t0:t1])
     return out

@@ -17,9 +17,10 @@ An entry with "pairs": {"gated": {...}, "down": {...}} (BLOCK_N, BLOCK_K, num_wa
 num_stages each) sends steps of that size to cadence/ops/moe_pairs.py's GEMVs, one program
 per (token, slot) pair, where benchmarks/moe_pairs_sweep.py timed them faster than the
 grouped GEMMs with the entry's own tiles (kept beside, for the next sweep to compare).
-An entry with "grouped_mm": true sends steps of that size with 16-bit experts to torch's
-grouped GEMM (cadence/ops/moe_grouped_mm.py), where benchmarks/moe_grouped_mm_sweep.py timed
-it faster than these tiles (FP8 or biased experts keep the tiles).
+An entry with "grouped_mm": true sends steps of that size to torch's grouped GEMM
+(cadence/ops/moe_grouped_mm.py; the scaled FP8 one under an "fp8" shape), where
+benchmarks/moe_grouped_mm_sweep.py timed it faster than these tiles (biased experts keep
+the tiles).
 Shapes or GPUs the table does not name take `default_config`.
 """
 

@@ -2,6 +2,7 @@
 
     quantize_per_token(x)        x [M, K] 16-bit -> (e4m3 [M, K], float32 scales [M, 1]):
                                  each row scaled so its largest magnitude is 448
+                                 (cadence/ops/fp8_rows.py, which the MoE GEMMs share)
     scaled_mm(xq, xs, w, ws)     x W^T through torch._scaled_mm (cuBLASLt's FP8 GEMM,
                                  rowwise scales: activations per token, weights per channel)
     fp8_gemv(x, w, ws)           one row of 16-bit activations against e4m3 weights (Triton):
@@ -21,9 +22,8 @@ import os
 
 import torch
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-MIN_SCALE = 1e-12  # an all-zero row still gets a finite scale
+from cadence.ops.fp8_rows import FP8, FP8_MAX, MIN_SCALE, quantize_rows
+
 # Triton's interpreter multiplies 16-bit and 8-bit blocks wrongly (3.9): under it the
 # kernels' products run in fp32 on the same values.
 _INTERPRETER = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -35,22 +35,6 @@ except ImportError:  # a CPU install may lack triton: the torch paths serve
     triton = None
 
 if triton is not None:
-
-    @triton.jit
-    def _quant_row_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        amax = tl.zeros([BLOCK], tl.float32)
-        for k0 in range(0, K, BLOCK):
-            cols = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0)
-            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        scale = tl.maximum(tl.max(amax, 0) / 448.0, 1e-12)
-        tl.store(s_ptr + row, scale)
-        for k0 in range(0, K, BLOCK):
-            cols = k0 + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0)
-            q = tl.clamp(x.to(tl.float32) / scale, -448.0, 448.0)
-            tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
 
     @triton.jit
     def _gemv_tile(w_rows, row_ok, k0, K, BLOCK_K: tl.constexpr):
@@ -212,17 +196,7 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    m, k = x.shape
-    if x.is_cuda and triton is not None:
-        q = torch.empty((m, k), dtype=FP8, device=x.device)
-        s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-        if m:
-            block = min(4096, triton.next_power_of_2(k))
-            _quant_row_kernel[(m,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block, num_warps=4)
-        return q, s
-    s = (x.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
-    return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
+quantize_per_token = quantize_rows  # (its kernel lives in cadence/ops/fp8_rows.py)
 
 
 def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

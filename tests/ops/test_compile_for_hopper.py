@@ -2,7 +2,8 @@
 own compiler and the ptxas its wheel carries turn them into a cubin, so a kernel change
 that only the GPU's compile would reject fails here, in CI, rather than on the first lease.
 (What the kernels compute is checked under Triton's interpreter: tests/attention,
-tests/ops/test_fused.py.) The variants are the ones a Qwen3 / Gemma 3 decode step runs."""
+tests/ops/test_fused.py.) The variants are the ones a Qwen3 / Gemma 3 decode step runs,
+and the FP8 row quantizer of a W8A8 prefill's experts."""
 
 from __future__ import annotations
 
@@ -13,18 +14,23 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from cadence.attention.triton_write_kv import write_kv_kernel  # noqa: E402
+from cadence.ops.fp8_rows import _quant_rows_kernel  # noqa: E402
 from cadence.ops.gemv import _gemv_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
-def compile_for_hopper(fn, constexprs: dict, floats=(), int64_ptrs=(), num_warps: int = 4):
-    """fn's cubin for sm_90: pointers bf16 (int64 for `int64_ptrs`), `floats` fp32 and
-    every other argument i32; `constexprs` by name."""
+def compile_for_hopper(
+    fn, constexprs: dict, floats=(), int64_ptrs=(), num_warps: int = 4, ptr_types=None
+):
+    """fn's cubin for sm_90: pointers bf16 (int64 for `int64_ptrs`, or as `ptr_types` names
+    them), `floats` fp32 and every other argument i32; `constexprs` by name."""
     signature = {}
     for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
+        elif name in (ptr_types or {}):
+            signature[name] = ptr_types[name]
         elif name.endswith("_ptr"):
             signature[name] = "*i64" if name in int64_ptrs else "*bf16"
         else:
@@ -70,4 +76,12 @@ def test_the_batch1_gemv_compiles_for_hopper(prologue, keep_normed):
         PDL=True,
     )
     compiled = compile_for_hopper(_gemv_kernel, constexprs, ("eps",), num_warps=8)
+    assert compiled.asm["cubin"]
+
+
+@pytest.mark.parametrize("gated", [False, True], ids=["rows", "silu-mul"])
+def test_the_fp8_row_quantizer_compiles_for_hopper(gated):
+    types = {"q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
+    constexprs = dict(GATED=gated, BLOCK=1024)
+    compiled = compile_for_hopper(_quant_rows_kernel, constexprs, ptr_types=types)
     assert compiled.asm["cubin"]

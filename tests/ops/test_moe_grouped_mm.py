@@ -2,10 +2,12 @@
 per-expert torch path: the pairs sorted by expert with no padding (every pair once, each
 expert's rows contiguous and ending at its group end, a pair routed to another rank's
 expert with no row), the weighted sum over each token's slots, experts that get no token,
-a rank holding half the experts, a step run in chunks of tokens; and fused_experts takes the path only where the tile
-entry says "grouped_mm" and the experts allow it (16-bit, no FP8 scales, no biases). On
-a CPU the Triton launches run under the interpreter in a child process, and torch's
-grouped GEMM is its CPU fallback."""
+a rank holding half the experts, a step run in chunks of tokens; FP8 experts through the W8A8 scaled GEMM equal the same
+math done expert by expert (tokens and activations quantized per row); and fused_experts
+takes the path only where the tile entry says "grouped_mm" and the experts allow it (no
+biases; FP8 ones under bf16 activations). On a CPU the Triton launches run under the
+interpreter in a child process, torch's grouped GEMM is its CPU fallback, and the scaled
+one (CUDA only in torch) the module's dequantized fallback."""
 
 from __future__ import annotations
 
@@ -79,12 +81,94 @@ def check_all(device: str) -> None:
             torch.testing.assert_close(
                 got, ep.forward_reference(x, ids, weights), atol=tol, rtol=tol
             )
+    check_fp8(device)
     check_dispatch(device)
 
 
+def fp8_rows_dequantized(v: torch.Tensor) -> torch.Tensor:
+    """Rows of v (float32) after a round trip through e4m3, each row scaled to 448."""
+    scale = (v.abs().amax(1, keepdim=True) / 448.0).clamp(min=1e-12)
+    return (v / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+
+
+def fp8_reference(x, w13, s13, w2, s2, ids, weights, first_expert=0) -> torch.Tensor:
+    """W8A8 experts expert by expert in float32: the tokens and the activation quantized
+    per row, each GEMM's output rounded to bf16 (as the kernels round)."""
+    top_k = ids.shape[1]
+    flat = ids.flatten() - first_expert
+    tokens = torch.arange(x.shape[0], device=x.device).repeat_interleave(top_k)
+    xd = fp8_rows_dequantized(x.float())
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(w13.shape[0]):
+        pairs = (flat == e).nonzero().flatten()
+        if not len(pairs):
+            continue
+        h = (xd[tokens[pairs]] @ (w13[e].float() * s13[e][:, None]).t()).bfloat16()
+        gate, up = h.chunk(2, dim=1)
+        act = (torch.nn.functional.silu(gate) * up).float()
+        o = (fp8_rows_dequantized(act) @ (w2[e].float() * s2[e][:, None]).t()).bfloat16()
+        out.index_add_(0, tokens[pairs], o.float() * weights.flatten()[pairs, None].float())
+    return out.bfloat16()
+
+
+def check_fp8(device: str) -> None:
+    """FP8 experts: the scaled grouped GEMM's result is the W8A8 math's, whole, in chunks,
+    and on a rank holding half the experts; and close to the 16-bit activations' result."""
+    from cadence.ops import moe_grouped_mm
+    from cadence.quant.fp8_experts import quantize_experts
+
+    hidden, inter, num_experts = 48, 32, 8
+    w13 = torch.randn(num_experts, 2 * inter, hidden, device=device) * 0.2
+    w2 = torch.randn(num_experts, hidden, inter, device=device) * 0.2
+    q13, s13 = quantize_experts(w13)
+    q2, s2 = quantize_experts(w2)
+    assert moe_grouped_mm.usable(
+        torch.empty(1, hidden, device=device).bfloat16(), q13, s13, None, None
+    )
+    for tokens, top_k in ((1, 2), (37, 3), (600, 2)):
+        x = torch.randn(tokens, hidden, device=device).bfloat16()
+        logits = torch.randn(tokens, num_experts, device=device)
+        logits[:, 6:] -= 100.0  # experts 6 and 7 never chosen
+        weights = torch.softmax(logits, 1).topk(top_k, dim=1).values.bfloat16()
+        ids = logits.topk(top_k, dim=1).indices
+        want = fp8_reference(x, q13, s13, q2, s2, ids, weights)
+        near = 3e-2 * want.abs().max().item()
+        got = moe_grouped_mm.grouped_mm_experts(x, q13, q2, ids, weights, 0, s13, s2)
+        torch.testing.assert_close(got, want, atol=near, rtol=0)
+        # the same experts with 16-bit activations (the dequantized weights): quantizing
+        # the activations moves the result by a few percent of its largest value
+        dense = fp8_reference_16bit(x, q13, s13, q2, s2, ids, weights)
+        torch.testing.assert_close(got, dense, atol=0.1 * dense.abs().max().item(), rtol=0)
+        real_chunk = moe_grouped_mm.CHUNK_BYTES
+        moe_grouped_mm.CHUNK_BYTES = tokens * top_k * 2 * inter * 2 // 3
+        try:  # in chunks of tokens (three here)
+            got = moe_grouped_mm.grouped_mm_experts(x, q13, q2, ids, weights, 0, s13, s2)
+        finally:
+            moe_grouped_mm.CHUNK_BYTES = real_chunk
+        torch.testing.assert_close(got, want, atol=near, rtol=0)
+        # experts 4-7 on this rank
+        half = fp8_reference(x, q13[4:], s13[4:], q2[4:], s2[4:], ids, weights, first_expert=4)
+        got = moe_grouped_mm.grouped_mm_experts(
+            x, q13[4:], q2[4:], ids, weights, 4, s13[4:], s2[4:]
+        )
+        torch.testing.assert_close(got, half, atol=near, rtol=0)
+
+
+def fp8_reference_16bit(x, w13, s13, w2, s2, ids, weights) -> torch.Tensor:
+    """The same experts with activations kept 16-bit (W8A16): the per-expert torch path on
+    the dequantized weights."""
+    from cadence.models.moe import FusedExperts
+
+    ref = FusedExperts(w13.shape[0], x.shape[1], w2.shape[2]).to(x.device, torch.float32)
+    ref.w13_weight.data = w13.float() * s13[:, :, None]
+    ref.w2_weight.data = w2.float() * s2[:, :, None]
+    return ref.forward_reference(x.float(), ids, weights.float()).bfloat16()
+
+
 def check_dispatch(device: str) -> None:
-    """An entry with "grouped_mm" sends 16-bit experts without biases down the grouped GEMM;
-    FP8 experts and biased ones keep the Triton GEMMs; without the flag nothing changes."""
+    """An entry with "grouped_mm" sends experts without biases down the grouped GEMM (FP8
+    ones under bf16 activations); biased ones keep the Triton GEMMs; without the flag
+    nothing changes."""
     from cadence.ops import fused_moe, moe_grouped_mm, moe_tiles
     from cadence.quant.fp8_experts import quantize_experts
 
@@ -106,11 +190,13 @@ def check_dispatch(device: str) -> None:
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
         q13, s13 = quantize_experts(w13)
         q2, s2 = quantize_experts(w2)
-        fused_moe.fused_experts(x, q13, q2, ids, weights, s13, s2)
+        fused_moe.fused_experts(x.bfloat16(), q13, q2, ids, weights.bfloat16(), s13, s2)
+        assert len(seen) == 2  # FP8 experts under bf16 activations take the scaled GEMM
+        fused_moe.fused_experts(x.half(), q13, q2, ids, weights.half(), s13, s2)
         bias13 = torch.zeros(8, 64, device=device, dtype=dtype)
         bias2 = torch.zeros(8, 48, device=device, dtype=dtype)
         fused_moe.fused_experts(x, w13, w2, ids, weights, w13_bias=bias13, w2_bias=bias2)
-        assert len(seen) == 1
+        assert len(seen) == 2  # fp16 activations (FP8 experts) and biases keep the Triton GEMMs
     finally:
         moe_grouped_mm.grouped_mm_experts, moe_tiles.config = real, real_config
 
