@@ -42,6 +42,7 @@
 #   PARTS="qwen-fp8-tput mixtral-fp8-tput"   256 x 1,024 -> 256 with FP8 experts and layers
 #   PARTS=mixtral64            Mixtral-8x7B bf16 batch 64 alone
 #   PARTS=fp8-b64              both models' FP8 batch 64 alone
+#   PARTS=fp8-rows             the per-row FP8 quantizer: GPU tests, benchmarks/fp8_rows_bench.py
 #   PARTS=silu                 fused.silu_and_mul against the bandwidth (benchmarks/silu_mul_bench.py)
 #   PARTS=gpu-tests            norm-tests' and gmm-tests' tests in one run, with the GGUF
 #                              experts expanded on CUDA (tests/loader/test_gguf_moe.py);
@@ -135,6 +136,12 @@ if has gmm-fp8; then  # FP8 experts: torch's scaled grouped GEMM (W8A8) against 
   grep -E "T=|cannot|capture|wrote|Error" "$OUT/gmm_fp8_sweep.log" | tee -a "$LOG"
   [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
   echo "   grouped_mm fp8 sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
+fi
+if has fp8-rows; then  # the per-row FP8 quantizer's tests and its bandwidth at prefill shapes
+  python3 -m pytest -q -m gpu tests/ops/test_fp8_rows.py tests/ops/test_moe_grouped_mm.py \
+    tests/quant/test_quant_triton.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
+  timeout 120 python3 benchmarks/fp8_rows_bench.py > "$OUT/fp8_rows.log" 2>&1
+  tee -a "$LOG" < "$OUT/fp8_rows.log" | tail -12
 fi
 if has gmm-tests; then  # the fused-MoE kernels and the MoE / per-head-norm models in graphs
   python3 -m pytest -q -m gpu tests/ops/test_fused_moe.py tests/worker/test_cuda_runner.py \

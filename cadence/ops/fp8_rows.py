@@ -9,9 +9,10 @@ activations: the W8A8 GEMMs' left operand).
 
 silu(gate) * up is rounded as `fused.silu_and_mul` rounds it (the activation, then the
 product, each to the input's dtype) before it is scaled, so the only difference from the
-16-bit path is the quantization. A row is read twice: once for its largest magnitude, once
-to scale it (the second read comes from L2 at these widths). On a CPU the same math runs
-through torch.
+16-bit path is the quantization. A row that fits one pass (up to PROGRAM_ELEMENTS, half
+that gated) stays in registers between its maximum and its scaling, several such rows a
+program; a wider one is read twice (the second time mostly from L2). On a CPU the same
+math runs through torch.
 """
 
 from __future__ import annotations
@@ -37,43 +38,62 @@ def _use_triton(x: torch.Tensor) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _row_values(row_ptr, cols, K, GATED: tl.constexpr):
-        """float32 values of one row's columns `cols`: the row itself, or silu(gate) * up of
-        a [gate | up] row of width 2K (rounded as fused.silu_and_mul)."""
-        mask = cols < K
+    def _row_values(x_rows, row_ok, cols, K, GATED: tl.constexpr):
+        """float32 values [ROWS, BLOCK] of the rows `x_rows` (pointers [ROWS, 1]) at columns
+        `cols`: the rows themselves, or silu(gate) * up of [gate | up] rows of width 2K
+        (rounded as fused.silu_and_mul)."""
+        mask = row_ok[:, None] & (cols < K)[None, :]
         if GATED:
-            gate = tl.load(row_ptr + cols, mask=mask, other=0.0)
-            up = tl.load(row_ptr + K + cols, mask=mask, other=0.0)
+            gate = tl.load(x_rows + cols[None, :], mask=mask, other=0.0)
+            up = tl.load(x_rows + K + cols[None, :], mask=mask, other=0.0)
             g = gate.to(tl.float32)
             act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)
             return (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype).to(tl.float32)
-        return tl.load(row_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        return tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def _scaled(v, scale):
+        # (IEEE division, as torch's: `/` compiles to an approximate one, whose last bit
+        # can move a value across an e4m3 rounding boundary)
+        return tl.clamp(tl.math.div_rn(v, scale[:, None]), -448.0, 448.0)
 
     @triton.jit
     def _quant_rows_kernel(
         x_ptr,
         q_ptr,
         s_ptr,
+        M,  # rows
         K,  # columns out (a gated row has 2K in)
         stride_x,
         stride_q,
         GATED: tl.constexpr,
-        BLOCK: tl.constexpr,
+        ROWS: tl.constexpr,  # rows a program
+        BLOCK: tl.constexpr,  # columns a pass; ONE_PASS: the whole row (K <= BLOCK)
+        ONE_PASS: tl.constexpr,
     ):
-        row = tl.program_id(0).to(tl.int64)
-        x_row = x_ptr + row * stride_x
-        amax = tl.zeros([BLOCK], tl.float32)
-        for k0 in range(0, K, BLOCK):
-            cols = k0 + tl.arange(0, BLOCK)
-            amax = tl.maximum(amax, tl.abs(_row_values(x_row, cols, K, GATED)))
-        scale = tl.maximum(tl.max(amax, 0) / 448.0, 1e-12)
-        tl.store(s_ptr + row, scale)
-        for k0 in range(0, K, BLOCK):
-            cols = k0 + tl.arange(0, BLOCK)
-            # (IEEE division, as torch's: `/` compiles to an approximate one, whose last
-            # bit can move a value across an e4m3 rounding boundary)
-            q = tl.clamp(tl.math.div_rn(_row_values(x_row, cols, K, GATED), scale), -448.0, 448.0)
-            tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=cols < K)
+        rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < M
+        x_rows = x_ptr + rows[:, None] * stride_x
+        q_rows = q_ptr + rows[:, None] * stride_q
+        if ONE_PASS:  # the rows stay in registers between their maximum and their scaling
+            cols = tl.arange(0, BLOCK)
+            v = _row_values(x_rows, row_ok, cols, K, GATED)
+            scale = tl.maximum(tl.max(tl.abs(v), 1) / 448.0, 1e-12)
+            tl.store(s_ptr + rows, scale, mask=row_ok)
+            q = _scaled(v, scale).to(q_ptr.dtype.element_ty)
+            tl.store(q_rows + cols[None, :], q, mask=row_ok[:, None] & (cols < K)[None, :])
+        else:  # wide rows: read twice (the second time mostly from L2)
+            amax = tl.zeros([ROWS, BLOCK], tl.float32)
+            for k0 in range(0, K, BLOCK):
+                cols = k0 + tl.arange(0, BLOCK)
+                amax = tl.maximum(amax, tl.abs(_row_values(x_rows, row_ok, cols, K, GATED)))
+            scale = tl.maximum(tl.max(amax, 1) / 448.0, 1e-12)
+            tl.store(s_ptr + rows, scale, mask=row_ok)
+            for k0 in range(0, K, BLOCK):
+                cols = k0 + tl.arange(0, BLOCK)
+                v = _row_values(x_rows, row_ok, cols, K, GATED)
+                q = _scaled(v, scale).to(q_ptr.dtype.element_ty)
+                tl.store(q_rows + cols[None, :], q, mask=row_ok[:, None] & (cols < K)[None, :])
 
 
 def _quantize_torch(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,14 +101,30 @@ def _quantize_torch(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (v.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
-def _launch(x: torch.Tensor, k: int, gated: bool) -> tuple[torch.Tensor, torch.Tensor]:
+# Elements a program holds: narrow rows go several to a program, so each moves enough bytes
+# to keep the memory system busy (one 2,048-wide row a program is latency-bound).
+PROGRAM_ELEMENTS = 4096
+
+
+def launch_config(k: int, gated: bool) -> dict:
+    """The kernel's constexprs and warps for rows of k columns out."""
+    block = min(PROGRAM_ELEMENTS // 2 if gated else PROGRAM_ELEMENTS, triton.next_power_of_2(k))
+    one_pass = k <= block
+    rows = max(1, PROGRAM_ELEMENTS // block) if one_pass else 1
+    warps = 8 if rows * block >= 4096 else 4
+    return dict(ROWS=rows, BLOCK=block, ONE_PASS=one_pass, num_warps=warps)
+
+
+def _launch(
+    x: torch.Tensor, k: int, gated: bool, config: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     m = x.shape[0]
     q = torch.empty((m, k), dtype=FP8, device=x.device)
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m:
-        block = min(2048 if gated else 4096, triton.next_power_of_2(k))
-        _quant_rows_kernel[(m,)](
-            x, q, s, k, x.stride(0), q.stride(0), GATED=gated, BLOCK=block, num_warps=4
+        config = config or launch_config(k, gated)
+        _quant_rows_kernel[(triton.cdiv(m, config["ROWS"]),)](
+            x, q, s, m, k, x.stride(0), q.stride(0), GATED=gated, **config
         )
     return q, s
 

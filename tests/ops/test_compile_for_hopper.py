@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from cadence.attention.triton_write_kv import write_kv_kernel  # noqa: E402
-from cadence.ops.fp8_rows import _quant_rows_kernel  # noqa: E402
+from cadence.ops.fp8_rows import _quant_rows_kernel, launch_config  # noqa: E402
 from cadence.ops.gemv import _gemv_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -79,9 +79,13 @@ def test_the_batch1_gemv_compiles_for_hopper(prologue, keep_normed):
     assert compiled.asm["cubin"]
 
 
-@pytest.mark.parametrize("gated", [False, True], ids=["rows", "silu-mul"])
-def test_the_fp8_row_quantizer_compiles_for_hopper(gated):
+@pytest.mark.parametrize(
+    "gated, k", [(False, 2048), (True, 768), (True, 14336)], ids=["rows", "silu-mul", "wide"]
+)
+def test_the_fp8_row_quantizer_compiles_for_hopper(gated, k):
     types = {"q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}
-    constexprs = dict(GATED=gated, BLOCK=1024)
-    compiled = compile_for_hopper(_quant_rows_kernel, constexprs, ptr_types=types)
+    config = launch_config(k, gated)
+    warps = config.pop("num_warps")
+    constexprs = dict(GATED=gated, **config)
+    compiled = compile_for_hopper(_quant_rows_kernel, constexprs, ptr_types=types, num_warps=warps)
     assert compiled.asm["cubin"]
