@@ -308,8 +308,7 @@ void check_panels(const at::Tensor& q, const at::Tensor& sc, int64_t n, int64_t 
 
 // Call fn<Bits, S>() for the panels' code width and scale dtype.
 template <typename Fn>
-void dispatch_panels(int64_t bits, const at::Tensor& sc, Fn fn) {
-  const bool half = sc.scalar_type() == at::kHalf;
+void dispatch_panels(int64_t bits, bool half, Fn fn) {
   if (bits == 4)
     half ? fn(std::integral_constant<int, 4>(), c10::Half()) : fn(std::integral_constant<int, 4>(), 0.0f);
   else if (bits == 8)
@@ -331,22 +330,29 @@ void panel_gemm_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc,
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   check_panels(q, sc, N, K, group, bits);
   const at::Tensor xc = x.contiguous();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_gemm", [&] {
+  const PanelOperands a{out.data_ptr(), xc.data_ptr(), out.scalar_type(), M, N, K,
+                        q.data_ptr<uint8_t>(), sc.data_ptr(), sc.scalar_type() == at::kHalf};
+  panel_gemm_rows(a, group, bits, generic, range);
+}
+
+void panel_gemm_rows(const PanelOperands& a, int64_t group, int64_t bits, bool generic, PanelRange range) {
+  const int64_t M = a.M, K = a.K;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.dtype, "panel_gemm", [&] {
     // float32 rows to broadcast from: 16-bit rows widened into this thread's buffer (a
     // torch conversion per call cost ~13 us of allocation and dispatch: 1.5 ms a decode
     // step of SmolLM2's 120 products)
-    const float* x32 = reinterpret_cast<const float*>(xc.data_ptr());
+    const float* x32 = static_cast<const float*>(a.x);
     if constexpr (!std::is_same_v<scalar_t, float>) {
       thread_local std::vector<float> widened;
       widened.resize(M * K);
-      widen(xc.data_ptr<scalar_t>(), widened.data(), M * K);
+      widen(static_cast<const scalar_t*>(a.x), widened.data(), M * K);
       x32 = widened.data();
     }
-    dispatch_panels(bits, sc, [&](auto b, auto s) {
+    dispatch_panels(bits, a.sc_half, [&](auto b, auto s) {
       using S = decltype(s);
       panel_gemm_impl<scalar_t, decltype(b)::value, S>(
-          out.data_ptr<scalar_t>(), x32, M, N, K, q.data_ptr<uint8_t>(),
-          static_cast<const S*>(sc.data_ptr()), group, generic, range);
+          static_cast<scalar_t*>(a.out), x32, M, a.N, K, a.q, static_cast<const S*>(a.sc), group,
+          generic, range);
     });
   });
 }
@@ -405,7 +411,7 @@ void expand_panels(at::Tensor out, at::Tensor q, at::Tensor sc, int64_t group, i
   const int64_t K = out.size(0), N = out.size(1);
   check_panels(q, sc, N, K, group, bits);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "expand_panels", [&] {
-    dispatch_panels(bits, sc, [&](auto b, auto s) {
+    dispatch_panels(bits, sc.scalar_type() == at::kHalf, [&](auto b, auto s) {
       using S = decltype(s);
       expand_panels_impl<scalar_t, decltype(b)::value, S>(
           out.data_ptr<scalar_t>(), nullptr, 0, N, K, q.data_ptr<uint8_t>(),
@@ -427,7 +433,7 @@ void panel_rows(at::Tensor out, at::Tensor q, at::Tensor sc, at::Tensor rows, in
   for (int64_t i = 0; i < R; ++i)
     TORCH_CHECK(rp[i] >= 0 && rp[i] < n, "row ", rp[i], " is outside the table's ", n, " rows");
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_rows", [&] {
-    dispatch_panels(bits, sc, [&](auto b, auto s) {
+    dispatch_panels(bits, sc.scalar_type() == at::kHalf, [&](auto b, auto s) {
       using S = decltype(s);
       expand_panels_impl<scalar_t, decltype(b)::value, S>(
           out.data_ptr<scalar_t>(), rp, R, n, K, q.data_ptr<uint8_t>(),

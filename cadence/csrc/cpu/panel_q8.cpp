@@ -366,15 +366,22 @@ void panel_gemm_q8(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, in
 
 void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc,
                          int64_t group, int64_t bits, PanelRange range) {
-  TORCH_CHECK(panel_q8_available(bits), "panel_gemm_q8: no int8 tile for ", bits,
-              "-bit codes in this build (panel_q8_available)");
-#ifdef CADENCE_PANEL_AVX2
   TORCH_CHECK(x.dim() == 2 && out.dim() == 2 && out.is_contiguous(), "x [M, K], out [M, N]");
   TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.size(0) == x.size(0), "out must match x");
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  TORCH_CHECK(group % QBLOCK == 0, "int8 activations need groups of a multiple of 32 columns");
   check_panels(q, sc, N, K, group, bits);
   const at::Tensor xc = x.contiguous();
+  const PanelOperands a{out.data_ptr(), xc.data_ptr(), out.scalar_type(), M, N, K,
+                        q.data_ptr<uint8_t>(), sc.data_ptr(), sc.scalar_type() == at::kHalf};
+  panel_gemm_q8_rows(a, group, bits, range);
+}
+
+void panel_gemm_q8_rows(const PanelOperands& a, int64_t group, int64_t bits, PanelRange range) {
+  TORCH_CHECK(panel_q8_available(bits), "panel_gemm_q8: no int8 tile for ", bits,
+              "-bit codes in this build (panel_q8_available)");
+  TORCH_CHECK(group % QBLOCK == 0, "int8 activations need groups of a multiple of 32 columns");
+#ifdef CADENCE_PANEL_AVX2
+  const int64_t M = a.M, K = a.K, N = a.N;
   thread_local std::vector<float> widened;
   thread_local std::vector<int8_t> qx, pat;
   thread_local std::vector<float> d, sums;
@@ -388,12 +395,12 @@ void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor 
   d.resize(M * (K / QBLOCK));
   sums.resize(M * (K / group));
   const int64_t first = range.first, count = range.count(N);
-  const uint8_t* qp = q.data_ptr<uint8_t>();
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "panel_gemm_q8", [&] {
-    const float* x32 = reinterpret_cast<const float*>(xc.data_ptr());
+  const uint8_t* qp = a.q;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.dtype, "panel_gemm_q8", [&] {
+    const float* x32 = static_cast<const float*>(a.x);
     if constexpr (!std::is_same_v<scalar_t, float>) {
       widened.resize(M * K);
-      widen(xc.data_ptr<scalar_t>(), widened.data(), M * K);
+      widen(static_cast<const scalar_t*>(a.x), widened.data(), M * K);
       x32 = widened.data();
     }
     quantize_rows(x32, M, K, group, bits == 8, qx.data(), d.data(), sums.data());
@@ -404,13 +411,13 @@ void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor 
     expand_patterns(qx.data(), M, K, pat.data());
     const int8_t* patp = pat.data();
 #endif
-    scalar_t* o = out.data_ptr<scalar_t>();
+    scalar_t* o = static_cast<scalar_t*>(a.out);
     // (the thread_local buffers are this thread's: the workers get pointers, not names)
     const float *dp = d.data(), *sump = sums.data();
     auto run = [&](auto s, auto code_bits) {
       using S = decltype(s);
       constexpr int Bits = decltype(code_bits)::value;
-      const S* scp = static_cast<const S*>(sc.data_ptr());
+      const S* scp = static_cast<const S*>(a.sc);
       parallel_chunks(count, chunk_grain(count), [&](int64_t c0, int64_t c1) {
         const int64_t p0 = first + c0, p1 = first + c1;
         constexpr int rows_max = std::max<int>(MR_TILE, 16 * 2);
@@ -460,7 +467,7 @@ void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor 
 #endif
       run(s, std::integral_constant<int, 4>{});
     };
-    if (sc.scalar_type() == at::kHalf) with_bits(c10::Half()); else with_bits(0.0f);
+    if (a.sc_half) with_bits(c10::Half()); else with_bits(0.0f);
   });
 #endif
 }

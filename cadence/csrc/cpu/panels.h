@@ -30,8 +30,24 @@ struct PanelRange {
   }
 };
 
+// One product's operands as raw pointers: out [M, N] and x [M, K] contiguous rows of
+// `dtype`, the weight's panels q / sc (check_panels' layout; sc float16 or float32). The
+// callers check them; moe_panels.cpp builds one per expert without a tensor view each
+// (~1 us of dispatch a view, 64 views a layer at top-8).
+struct PanelOperands {
+  void* out;
+  const void* x;
+  at::ScalarType dtype;
+  int64_t M, N, K;
+  const uint8_t* q;
+  const void* sc;
+  bool sc_half;
+};
+
 // panel_gemm (float activations) and panel_gemm_q8 (int8 activations) over a range of the
 // output's panels: the columns of `out` outside it are left as they were.
+void panel_gemm_rows(const PanelOperands& a, int64_t group, int64_t bits, bool generic, PanelRange range);
+void panel_gemm_q8_rows(const PanelOperands& a, int64_t group, int64_t bits, PanelRange range);
 void panel_gemm_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc, int64_t group,
                       int64_t bits, bool generic, PanelRange range);
 void panel_gemm_q8_range(at::Tensor out, at::Tensor x, at::Tensor q, at::Tensor sc,
