@@ -49,7 +49,9 @@ def replays_new_routing(x, w13, w2, ids, weights, s13=None, s2=None) -> bool:
     static_ids, static_w = ids.clone(), weights.clone()
 
     def run():
-        return moe_grouped_mm.grouped_mm_experts(x, w13, w2, static_ids, static_w, 0, s13, s2)
+        return moe_grouped_mm.grouped_mm_experts(
+            x, w13, w2, static_ids, static_w, w13_scale=s13, w2_scale=s2
+        )
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -94,9 +96,11 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str, fp8: 
             want = fused_moe.fused_experts(*triton_args)
         finally:
             moe_tiles.config = real_config
-        torch_args = (*args, 0, case.s13, case.s2)
-        torch_us, how_g = timed([lambda a=torch_args: moe_grouped_mm.grouped_mm_experts(*a)] * 4)
-        got = moe_grouped_mm.grouped_mm_experts(*torch_args)
+        scales = dict(w13_scale=case.s13, w2_scale=case.s2)
+        torch_us, how_g = timed(
+            [lambda a=args, s=scales: moe_grouped_mm.grouped_mm_experts(*a, **s)] * 4
+        )
+        got = moe_grouped_mm.grouped_mm_experts(*args, **scales)
         diff = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
         flops = 2 * tokens * top_k * 3 * hidden * inter
         replays = how_g == "graph" and replays_new_routing(*args, case.s13, case.s2)

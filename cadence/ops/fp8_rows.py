@@ -52,6 +52,12 @@ if triton is not None:
         return tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
 
     @triton.jit
+    def _row_scale(amax):
+        # amax / FP8_MAX as torch computes it on a GPU (a tensor over a scalar: times the
+        # scalar's reciprocal), at least MIN_SCALE
+        return tl.maximum(amax * (1.0 / 448.0), 1e-12)
+
+    @triton.jit
     def _scaled(v, scale):
         # (IEEE division, as torch's: `/` compiles to an approximate one, whose last bit
         # can move a value across an e4m3 rounding boundary)
@@ -78,7 +84,7 @@ if triton is not None:
         if ONE_PASS:  # the rows stay in registers between their maximum and their scaling
             cols = tl.arange(0, BLOCK)
             v = _row_values(x_rows, row_ok, cols, K, GATED)
-            scale = tl.maximum(tl.max(tl.abs(v), 1) / 448.0, 1e-12)
+            scale = _row_scale(tl.max(tl.abs(v), 1))
             tl.store(s_ptr + rows, scale, mask=row_ok)
             q = _scaled(v, scale).to(q_ptr.dtype.element_ty)
             tl.store(q_rows + cols[None, :], q, mask=row_ok[:, None] & (cols < K)[None, :])
@@ -87,7 +93,7 @@ if triton is not None:
             for k0 in range(0, K, BLOCK):
                 cols = k0 + tl.arange(0, BLOCK)
                 amax = tl.maximum(amax, tl.abs(_row_values(x_rows, row_ok, cols, K, GATED)))
-            scale = tl.maximum(tl.max(amax, 1) / 448.0, 1e-12)
+            scale = _row_scale(tl.max(amax, 1))
             tl.store(s_ptr + rows, scale, mask=row_ok)
             for k0 in range(0, K, BLOCK):
                 cols = k0 + tl.arange(0, BLOCK)
@@ -96,13 +102,15 @@ if triton is not None:
                 tl.store(q_rows + cols[None, :], q, mask=row_ok[:, None] & (cols < K)[None, :])
 
 
-def _quantize_torch(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows_torch(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_rows in torch, for any device and dtype (a CPU's path; the weights' at load)."""
     s = (v.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
     return (v.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 
-# Elements a program holds: narrow rows go several to a program, so each moves enough bytes
-# to keep the memory system busy (one 2,048-wide row a program is latency-bound).
+# Elements of a row a program holds (a gated program reads twice this: gate and up): narrow
+# rows go several to a program, so each moves enough bytes to keep the memory system busy
+# (one 2,048-wide row a program is latency-bound).
 PROGRAM_ELEMENTS = 4096
 
 
@@ -118,6 +126,8 @@ def launch_config(k: int, gated: bool) -> dict:
 def _launch(
     x: torch.Tensor, k: int, gated: bool, config: dict | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.stride(1) != 1:  # (the kernel steps through a row's columns one element apart)
+        x = x.contiguous()
     m = x.shape[0]
     q = torch.empty((m, k), dtype=FP8, device=x.device)
     s = torch.empty((m, 1), dtype=torch.float32, device=x.device)
@@ -130,10 +140,10 @@ def _launch(
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] 16-bit (rows of unit stride) -> (e4m3 [M, K], float32 scales [M, 1])."""
+    """x [M, K] 16-bit -> (e4m3 [M, K], float32 scales [M, 1])."""
     if _use_triton(x):
         return _launch(x, x.shape[1], gated=False)
-    return _quantize_torch(x)
+    return quantize_rows_torch(x)
 
 
 def silu_mul_quantize(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,4 +153,4 @@ def silu_mul_quantize(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if _use_triton(h):
         return _launch(h, d, gated=True)
     gate, up = h[:, :d], h[:, d:]
-    return _quantize_torch(torch.nn.functional.silu(gate) * up)
+    return quantize_rows_torch(torch.nn.functional.silu(gate) * up)

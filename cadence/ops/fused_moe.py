@@ -246,7 +246,7 @@ def fused_experts(
         )  # fmt: skip
     if cfg.get("grouped_mm") and moe_grouped_mm.usable(x, w13, w13_scale, w13_bias, clamped):
         return moe_grouped_mm.grouped_mm_experts(
-            x, w13, w2, ids, weights, first_expert, w13_scale, w2_scale
+            x, w13, w2, ids, weights, first_expert, w13_scale=w13_scale, w2_scale=w2_scale
         )
     sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
     x = x.contiguous()

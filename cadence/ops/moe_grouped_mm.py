@@ -20,9 +20,11 @@ FP8 experts (e4m3 weights, a float32 scale per expert and output row) take the s
 through `torch._scaled_grouped_mm` (CUTLASS's FP8 grouped GEMM on Hopper), W8A8: the token
 rows are quantized per token before the gather (cadence/ops/fp8_rows.py), and the
 activation is quantized per row as it is computed (`silu_mul_quantize`, so the 16-bit
-activation never reaches memory); each GEMM scales its float32 accumulator by the row's and
-the column's scales and rounds to bf16. The Triton path keeps such experts' activations
-16-bit (W8A16), so a prefill through here rounds once more than a decode step does.
+activation never reaches memory); each GEMM scales its accumulator by the row's and the
+column's scales and rounds to bf16. Steps below the table's flagged sizes keep the Triton
+path's 16-bit activations (W8A16); a flagged step rounds the token rows and the activation
+to e4m3 as well (on the H200: every step of more than 128 tokens on Mixtral-8x7B, so its
+batch-256 decode steps too, and of more than 256 on Qwen3-30B-A3B).
 
 Nothing waits on the host (the group ends stay on the device), so a step can be captured
 in a CUDA graph. Weights without biases or a clamped gate only (`usable`): GPT-OSS's keep
@@ -40,6 +42,9 @@ import triton.language as tl
 from cadence.ops import fp8_rows, fused, moe_routing
 from cadence.ops.fused import gdc_wait, pdl
 from cadence.ops.moe_epilogue import sum_slots_kernel
+
+# GPUs (compute capability) torch's scaled grouped GEMM runs on: Hopper, datacenter Blackwell.
+_SCALED_GPUS = ((9, 0), (10, 0))
 
 # Bytes of gate-up output [pairs, 2I] a chunk of a step's tokens holds at once. Mixtral-8x7B
 # at 8,192 tokens would hold 0.94 GB (and its activation 0.47 GB beside it), where the Triton
@@ -100,7 +105,8 @@ def usable(
     """Whether these experts can take the grouped GEMM: no biases, SiLU's gate, widths of
     whole 16-byte rows (its TMA loads), and either 16-bit weights of the activations' dtype
     or FP8 weights with their scales under bf16 activations (the scaled GEMM writes bf16
-    only) on a GPU that has FP8 tensor cores; and a torch that has the GEMM."""
+    only) on a GPU torch has the scaled GEMM for (Hopper, Blackwell); and a torch that has
+    the GEMM."""
     _, two_i, hidden = w13.shape
     if w13_bias is not None or clamped is not None or hidden % 16 or two_i % 32:
         return False
@@ -109,7 +115,8 @@ def usable(
             w13_scale is not None
             and x.dtype == torch.bfloat16
             and hasattr(torch, "_scaled_grouped_mm")
-            and (not x.is_cuda or torch.cuda.get_device_capability(x.device) >= (9, 0))
+            and w13.shape[0] < 1024  # (torch's limit on the groups)
+            and (not x.is_cuda or torch.cuda.get_device_capability(x.device) in _SCALED_GPUS)
         )
     return (
         hasattr(torch, "_grouped_mm")
@@ -175,6 +182,10 @@ def scaled_grouped_mm(
     CUTLASS's FP8 grouped GEMM on a GPU; on a CPU (tests: torch has no such kernel there)
     the same product from the dequantized operands in float32."""
     if a.is_cuda:
+        # use_fast_accum: CUTLASS's fast FP8 schedules, which accumulate in the tensor cores'
+        # own precision without promoting partial sums to float32 every few k-blocks (the
+        # sweep's timings are these; the error they add at K = 14,336 was not measured apart
+        # from the activations' quantization)
         return torch._scaled_grouped_mm(
             a, w.transpose(1, 2), a_scale, w_scale, offs=offsets, out_dtype=torch.bfloat16,
             use_fast_accum=True,
@@ -196,6 +207,7 @@ def grouped_mm_experts(
     ids: torch.Tensor,  # [T, k] global expert ids
     weights: torch.Tensor,  # [T, k]
     first_expert: int = 0,
+    *,
     w13_scale: torch.Tensor | None = None,  # [E, 2I] float32: FP8 experts only
     w2_scale: torch.Tensor | None = None,  # [E, H] float32: FP8 experts only
 ) -> torch.Tensor:

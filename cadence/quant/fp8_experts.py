@@ -1,8 +1,10 @@
 """FP8 experts (`--quantization fp8` on a 16-bit checkpoint or dummy weights): each
 expert's rows quantized to e4m3 at load, a float32 scale per (expert, output row), as the
-dense layers' per-channel scheme (fp8.py). The grouped GEMMs widen the e4m3 tiles to the
-activations' dtype in registers (cadence/ops/fused_moe.py), so a step reads half the
-bytes of bf16 experts.
+dense layers' per-channel scheme (fp8.py). Decode-sized steps' grouped GEMMs widen the e4m3
+tiles to the activations' dtype in registers (W8A16, cadence/ops/fused_moe.py), so a step
+reads half the bytes of bf16 experts; the large steps the tile table marks take CUTLASS's
+scaled grouped GEMM with the activations quantized per row too (W8A8,
+cadence/ops/moe_grouped_mm.py).
 """
 
 from __future__ import annotations

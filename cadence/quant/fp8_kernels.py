@@ -22,7 +22,7 @@ import os
 
 import torch
 
-from cadence.ops.fp8_rows import FP8, FP8_MAX, MIN_SCALE, quantize_rows
+from cadence.ops.fp8_rows import FP8, FP8_MAX, quantize_rows, quantize_rows_torch
 
 # Triton's interpreter multiplies 16-bit and 8-bit blocks wrongly (3.9): under it the
 # kernels' products run in fp32 on the same values.
@@ -191,9 +191,8 @@ def fp8_mm(
 
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A 16/32-bit weight [N, K] -> (e4m3 [N, K], float32 scale per output channel [N])."""
-    scale = (w.abs().amax(dim=1).float() / FP8_MAX).clamp(min=MIN_SCALE)
-    q = (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale
+    q, scale = quantize_rows_torch(w)
+    return q, scale.view(-1)
 
 
 quantize_per_token = quantize_rows  # (its kernel lives in cadence/ops/fp8_rows.py)

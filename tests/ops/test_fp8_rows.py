@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreter_helpers import check_all_under_interpreter
 
 from cadence.ops import fp8_rows
 
@@ -56,6 +57,50 @@ def check_gated(device: str, width: int, rows: int) -> None:
 @pytest.mark.parametrize("width", [300, 768])
 def test_rows_quantized_on_the_cpu(width):
     check_rows("cpu", width)
+
+
+def kernel_values(x: torch.Tensor, k: int, gated: bool, config: dict):
+    """The Triton kernel's scales and its values before the e4m3 cast (a float32 output
+    buffer: the interpreter's casts to e4m3 round unlike a GPU's)."""
+    import triton
+
+    m = x.shape[0]
+    q = torch.empty((m, k), dtype=torch.float32)
+    s = torch.empty((m, 1), dtype=torch.float32)
+    launch = {key: v for key, v in config.items() if key != "num_warps"}
+    fp8_rows._quant_rows_kernel[(triton.cdiv(m, launch["ROWS"]),)](
+        x, q, s, m, k, x.stride(0), q.stride(0), GATED=gated, **launch
+    )
+    return q, s
+
+
+def check_all(device: str) -> None:
+    """Under Triton's interpreter: the kernel's layouts (several rows a program in one pass,
+    a partial last program, wide rows in two passes) give torch's scales and values."""
+    torch.manual_seed(0)
+    for k in (3, 300, 2048, 5000):
+        x = torch.randn(13, k) * 3
+        x[5] = 0
+        amax = x.abs().amax(1, keepdim=True)
+        want_s = (amax * torch.tensor(1 / 448.0)).clamp(min=1e-12)  # (as the GPU computes it)
+        want_q = (x / want_s).clamp(-448.0, 448.0)
+        for config in (fp8_rows.launch_config(k, False), dict(ROWS=4, BLOCK=64, ONE_PASS=False)):
+            q, s = kernel_values(x, k, False, config)
+            assert torch.equal(s, want_s) and torch.equal(q, want_q), (k, config)
+        # gated rows, in float32 (no 16-bit rounding of the activation to mirror)
+        h = torch.randn(13, 2 * k) * 2
+        gate, up = h.chunk(2, dim=1)
+        act = gate / (1.0 + torch.exp(-gate)) * up
+        want_s = (act.abs().amax(1, keepdim=True) * torch.tensor(1 / 448.0)).clamp(min=1e-12)
+        for config in (fp8_rows.launch_config(k, True), dict(ROWS=2, BLOCK=128, ONE_PASS=False)):
+            q, s = kernel_values(h, k, True, config)
+            torch.testing.assert_close(s, want_s, rtol=1e-5, atol=0)
+            torch.testing.assert_close(q, (act / s).clamp(-448.0, 448.0), rtol=1e-5, atol=1e-5)
+
+
+def test_the_kernel_under_the_interpreter():
+    pytest.importorskip("triton", reason="triton is not installed")
+    check_all_under_interpreter("test_fp8_rows")
 
 
 @pytest.mark.gpu

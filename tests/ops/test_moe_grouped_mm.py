@@ -2,8 +2,9 @@
 per-expert torch path: the pairs sorted by expert with no padding (every pair once, each
 expert's rows contiguous and ending at its group end, a pair routed to another rank's
 expert with no row), the weighted sum over each token's slots, experts that get no token,
-a rank holding half the experts, a step run in chunks of tokens; FP8 experts through the W8A8 scaled GEMM equal the same
-math done expert by expert (tokens and activations quantized per row); and fused_experts
+a rank holding half the experts, a step run in chunks of tokens; FP8 experts through the
+W8A8 scaled GEMM equal the same math done expert by expert (tokens and activations
+quantized per row); and fused_experts
 takes the path only where the tile entry says "grouped_mm" and the experts allow it (no
 biases; FP8 ones under bf16 activations). On a CPU the Triton launches run under the
 interpreter in a child process, torch's grouped GEMM is its CPU fallback, and the scaled
@@ -132,8 +133,12 @@ def check_fp8(device: str) -> None:
         weights = torch.softmax(logits, 1).topk(top_k, dim=1).values.bfloat16()
         ids = logits.topk(top_k, dim=1).indices
         want = fp8_reference(x, q13, s13, q2, s2, ids, weights)
+        # (the products sum in another order: a bf16 output may round the other way, and
+        # so may an e4m3 activation downstream of it, a 1/16 step; a GPU's FP8 tensor cores
+        # also accumulate in their own precision)
         near = 3e-2 * want.abs().max().item()
-        got = moe_grouped_mm.grouped_mm_experts(x, q13, q2, ids, weights, 0, s13, s2)
+        scales = dict(w13_scale=s13, w2_scale=s2)
+        got = moe_grouped_mm.grouped_mm_experts(x, q13, q2, ids, weights, **scales)
         torch.testing.assert_close(got, want, atol=near, rtol=0)
         # the same experts with 16-bit activations (the dequantized weights): quantizing
         # the activations moves the result by a few percent of its largest value
@@ -142,14 +147,14 @@ def check_fp8(device: str) -> None:
         real_chunk = moe_grouped_mm.CHUNK_BYTES
         moe_grouped_mm.CHUNK_BYTES = tokens * top_k * 2 * inter * 2 // 3
         try:  # in chunks of tokens (three here)
-            got = moe_grouped_mm.grouped_mm_experts(x, q13, q2, ids, weights, 0, s13, s2)
+            got = moe_grouped_mm.grouped_mm_experts(x, q13, q2, ids, weights, **scales)
         finally:
             moe_grouped_mm.CHUNK_BYTES = real_chunk
         torch.testing.assert_close(got, want, atol=near, rtol=0)
         # experts 4-7 on this rank
         half = fp8_reference(x, q13[4:], s13[4:], q2[4:], s2[4:], ids, weights, first_expert=4)
         got = moe_grouped_mm.grouped_mm_experts(
-            x, q13[4:], q2[4:], ids, weights, 4, s13[4:], s2[4:]
+            x, q13[4:], q2[4:], ids, weights, 4, w13_scale=s13[4:], w2_scale=s2[4:]
         )
         torch.testing.assert_close(got, half, atol=near, rtol=0)
 
@@ -180,23 +185,28 @@ def check_dispatch(device: str) -> None:
     weights = torch.rand(20, 2, device=device, dtype=dtype)
     seen, real, real_config = [], moe_grouped_mm.grouped_mm_experts, moe_tiles.config
     entry = moe_tiles.default_config(20, 2, 8)
-    moe_grouped_mm.grouped_mm_experts = lambda *a: seen.append(len(a)) or real(*a)
+
+    def recording(*args, **scales):  # (which calls came, and whether they had scales)
+        seen.append(scales.get("w13_scale") is not None)
+        return real(*args, **scales)
+
+    moe_grouped_mm.grouped_mm_experts = recording
     try:
         moe_tiles.config = lambda *args: entry
         want = fused_moe.fused_experts(x, w13, w2, ids, weights)  # (the Triton GEMMs)
         moe_tiles.config = lambda *args: {**entry, "grouped_mm": True}
         got = fused_moe.fused_experts(x, w13, w2, ids, weights)
-        assert len(seen) == 1
+        assert seen == [False]
         torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
         q13, s13 = quantize_experts(w13)
         q2, s2 = quantize_experts(w2)
         fused_moe.fused_experts(x.bfloat16(), q13, q2, ids, weights.bfloat16(), s13, s2)
-        assert len(seen) == 2  # FP8 experts under bf16 activations take the scaled GEMM
+        assert seen == [False, True]  # FP8 experts under bf16 activations: the scaled GEMM
         fused_moe.fused_experts(x.half(), q13, q2, ids, weights.half(), s13, s2)
         bias13 = torch.zeros(8, 64, device=device, dtype=dtype)
         bias2 = torch.zeros(8, 48, device=device, dtype=dtype)
         fused_moe.fused_experts(x, w13, w2, ids, weights, w13_bias=bias13, w2_bias=bias2)
-        assert len(seen) == 2  # fp16 activations (FP8 experts) and biases keep the Triton GEMMs
+        assert len(seen) == 2  # FP8 under fp16 activations, and biases: the Triton GEMMs
     finally:
         moe_grouped_mm.grouped_mm_experts, moe_tiles.config = real, real_config
 
