@@ -30,6 +30,11 @@
 #                              W8A16 GEMMs at 256-8,192 tokens (writes "grouped_mm" into the fp8
 #                              entries of this tree's table and $OUT where it wins); then 256 x
 #                              1,024 -> 256 with FP8
+#   PARTS="w8a8 fp8-b64 qwen-fp8-tput"   FP8 decodes through the swapped W8A8 GEMMs
+#                              (cadence/ops/moe_w8a8.py): their GPU tests, then
+#                              benchmarks/moe_w8a8_sweep.py against the W8A16 GEMMs at 8-256
+#                              tokens (writes "w8a8" tiles into this tree's table and $OUT
+#                              where they win); then the FP8 cases they decide
 #   PARTS="norm-tests qwen1 qwen1-unfused"   per-head q / k norms in the attention backend's
 #                              kernel A, and the norm + router gemv at batch 1: their GPU
 #                              tests (kernel cases, Qwen3 / Gemma models in graphs), then
@@ -136,6 +141,16 @@ if has gmm-fp8; then  # FP8 experts: torch's scaled grouped GEMM (W8A8) against 
   grep -E "T=|cannot|capture|wrote|Error" "$OUT/gmm_fp8_sweep.log" | tee -a "$LOG"
   [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
   echo "   grouped_mm fp8 sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
+fi
+if has w8a8; then  # FP8 decodes: the swapped W8A8 GEMMs against the W8A16 ones
+  t0=$SECONDS
+  python3 -m pytest -q -m gpu tests/ops/test_moe_w8a8.py tests/ops/test_fused_moe.py \
+    tests/ops/test_moe_grouped_mm.py -p no:cacheprovider 2>&1 | tail -3 | tee -a "$LOG"
+  timeout "${SWEEP_S:-240}" python3 benchmarks/moe_w8a8_sweep.py --jobs 14 \
+    --table cadence/ops/moe_tiles_h200.json --out "$OUT/moe_tiles_h200.json" > "$OUT/w8a8_sweep.log" 2>&1
+  grep -E "T=|compiled|wrote|Error" "$OUT/w8a8_sweep.log" | tee -a "$LOG"
+  [ -s "$OUT/moe_tiles_h200.json" ] && cp "$OUT/moe_tiles_h200.json" cadence/ops/moe_tiles_h200.json
+  echo "   w8a8 sweep ($((SECONDS - t0)) s)" | tee -a "$LOG"
 fi
 if has fp8-rows; then  # the per-row FP8 quantizer's tests and its bandwidth at prefill shapes
   python3 -m pytest -q -m gpu tests/ops/test_fp8_rows.py tests/ops/test_moe_grouped_mm.py \

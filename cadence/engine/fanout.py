@@ -10,8 +10,10 @@ With one API process everything goes down its socket as it is: one message per s
 bookkeeping. With several, a step's updates and errors are grouped by owner and each owner
 gets one message (one wake-up per step, whatever the number of its requests); every message
 carries the stats. A process that owns nothing in the step gets the stats alone, at most
-every STATS_EVERY_S (its engine view and gauges stay fresh without a message per step), and
-sent without waiting: a process that already left (its drain ended sooner than another's)
+every STATS_EVERY_S (its engine view and gauges stay fresh without a message per step),
+except the lead process (index 0, which records the engine's counters for /metrics): it
+gets them in any step where a request finished, so a client that has its answer finds the
+engine's counters for it in /metrics. They are sent without waiting: a process that already left (its drain ended sooner than another's)
 must not stall the engine, and stats lost on the way are replaced by the next message.
 """
 
@@ -78,10 +80,12 @@ class OutputFanout:
             P.EngineCoreOutputs(stats=out.stats, timestamp=out.timestamp) for _ in self.outboxes
         ]
         owner = self.owner
+        finished = False
         for u in out.updates:
             parts[owner.get(u.request_id, 0)].updates.append(u)
             if u.finish_reason is not None:
                 owner.pop(u.request_id, None)
+                finished = True
         for rid, message in out.errors:
             parts[owner.pop(rid, 0)].errors.append((rid, message))
         for rid, message in out.step_errors:
@@ -90,7 +94,7 @@ class OutputFanout:
         for i, (outbox, part) in enumerate(zip(self.outboxes, parts)):
             if part.updates or part.errors or part.step_errors:
                 send(outbox, P.encoder.encode(part))
-            elif now - self._stats_sent[i] >= STATS_EVERY_S:
+            elif now - self._stats_sent[i] >= STATS_EVERY_S or (finished and i == 0):
                 with contextlib.suppress(zmq.Again):
                     outbox.send(P.encoder.encode(part), zmq.NOBLOCK)
             else:

@@ -17,7 +17,9 @@ routing weight) and gate with its clamped SwiGLU (ACT_CLAMPED: g = min(gate, lim
 
 FP8 experts (`--quantization fp8`) keep e4m3 weights with a float32 scale per output
 channel and expert; the tiles are widened to the activations' dtype in registers (W8A16:
-the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end.
+the bytes a step reads halve, the products stay 16-bit) and each column scaled at the end;
+where a step's entry has "w8a8" tiles, they take cadence/ops/moe_w8a8.py's GEMMs instead
+(both operands FP8, swapped so that a few rows an expert still reach FP8 tensor cores).
 Tile sizes come from moe_tiles (the H200 sweep's table); where the table says so for a
 step's size (an entry's "pairs"), the step takes cadence/ops/moe_pairs.py's two GEMV
 launches instead of the four here (fused_experts_routed: with the routing inside them);
@@ -31,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cadence.ops import moe_grouped_mm, moe_pairs, moe_routing, moe_tiles
+from cadence.ops import moe_grouped_mm, moe_pairs, moe_routing, moe_tiles, moe_w8a8
 from cadence.ops.fused import gdc_wait, pdl
 from cadence.ops.moe_epilogue import gated_activation, sum_slots_kernel
 
@@ -248,19 +250,24 @@ def fused_experts(
         return moe_grouped_mm.grouped_mm_experts(
             x, w13, w2, ids, weights, first_expert, w13_scale=w13_scale, w2_scale=w2_scale
         )
-    sorted_pairs, block_expert = moe_routing.align(ids, num_experts, cfg["BLOCK_M"], first_expert)
+    w8a8 = cfg.get("w8a8") if moe_w8a8.usable(x, w13_scale, w13_bias, clamped) else None
+    block_m = (w8a8 or cfg)["BLOCK_M"]
+    sorted_pairs, block_expert = moe_routing.align(ids, num_experts, block_m, first_expert)
     x = x.contiguous()
-    act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)
     flat_weights = weights.flatten().contiguous()
     common = (sorted_pairs, block_expert, flat_weights, num_pairs, top_k)
-    tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["gated"])
-    launch_gemm(
-        x, w13, w13_scale, act, *common, tile, w13_bias, clamped, GATED=True, ROUTE_SCALE=False
-    )
     # pairs routed to another rank's experts get no row: their outputs must read zero
     alloc = torch.empty if all_local else torch.zeros
     out = alloc((num_pairs, hidden), dtype=x.dtype, device=x.device)
-    tile = dict(BLOCK_M=cfg["BLOCK_M"], **cfg["down"])
+    if w8a8:
+        moe_w8a8.expert_gemms(x, w13, w13_scale, w2, w2_scale, out, common, w8a8)
+        return sum_slots(out, tokens, top_k)
+    act = torch.empty((sorted_pairs.numel(), two_i // 2), dtype=x.dtype, device=x.device)
+    tile = dict(BLOCK_M=block_m, **cfg["gated"])
+    launch_gemm(
+        x, w13, w13_scale, act, *common, tile, w13_bias, clamped, GATED=True, ROUTE_SCALE=False
+    )
+    tile = dict(BLOCK_M=block_m, **cfg["down"])
     launch_gemm(act, w2, w2_scale, out, *common, tile, w2_bias, GATED=False, ROUTE_SCALE=True)
     return sum_slots(out, tokens, top_k)
 

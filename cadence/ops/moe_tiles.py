@@ -21,6 +21,9 @@ An entry with "grouped_mm": true sends steps of that size to torch's grouped GEM
 (cadence/ops/moe_grouped_mm.py; the scaled FP8 one under an "fp8" shape), where
 benchmarks/moe_grouped_mm_sweep.py timed it faster than these tiles (biased experts keep
 the tiles).
+An entry of FP8 experts with "w8a8": {"BLOCK_M": ..., "gated": {...}, "down": {...}} sends
+steps of that size to cadence/ops/moe_w8a8.py's swapped W8A8 GEMMs with those tiles, where
+benchmarks/moe_w8a8_sweep.py timed them faster than the entry's own (W8A16) tiles.
 Shapes or GPUs the table does not name take `default_config`.
 """
 

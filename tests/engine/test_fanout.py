@@ -127,3 +127,28 @@ def test_a_process_with_nothing_in_a_step_gets_stats_at_most_every_interval_and_
     fanout.flush()
     assert received(pulls[1]).stats.num_running == 4, "the latest, once the engine idles"
     assert received(pulls[2]).stats.num_running == 0 and received(pulls[2]).stats.num_running == 4
+
+
+def test_the_lead_process_gets_the_stats_of_every_step_where_a_request_finished(
+    sockets, monkeypatch
+):
+    """The lead (index 0) records the engine's counters for /metrics: when another process's
+    request finishes, the lead gets that step's stats at once, not after the interval, so a
+    client holding its answer finds the engine's counters for it there."""
+    monkeypatch.setattr("cadence.engine.fanout.STATS_EVERY_S", 60.0)
+    fanout, pulls = sockets
+    fanout.own("a", 1)
+    fanout.own("b", 1)
+    fanout.send(P.EngineCoreOutputs(updates=[RequestUpdate("a", [1])], stats=P.EngineStats()))
+    assert received(pulls[0]).stats.prefix_queries == 0  # (the first stats: at once)
+    assert received(pulls[2]).stats.prefix_queries == 0
+    fanout.send(
+        P.EngineCoreOutputs(updates=[RequestUpdate("a", [2])], stats=P.EngineStats(num_running=2))
+    )
+    assert not pulls[0].poll(50), "a step where nothing finished: held back"
+    done = P.EngineStats(num_running=1, prefix_queries=6)
+    fanout.send(
+        P.EngineCoreOutputs(updates=[RequestUpdate("a", [3], finish_reason="stop")], stats=done)
+    )
+    assert received(pulls[0]).stats.prefix_queries == 6
+    assert not pulls[2].poll(50), "other processes keep the interval"

@@ -3,9 +3,12 @@ own compiler and the ptxas its wheel carries turn them into a cubin, so a kernel
 that only the GPU's compile would reject fails here, in CI, rather than on the first lease.
 (What the kernels compute is checked under Triton's interpreter: tests/attention,
 tests/ops/test_fused.py.) The variants are the ones a Qwen3 / Gemma 3 decode step runs,
-and the FP8 row quantizer of a W8A8 prefill's experts."""
+the FP8 row quantizer of a W8A8 prefill's experts, and the swapped W8A8 expert GEMMs of
+FP8 decodes, which must reach Hopper's FP8 tensor cores (wgmma on e4m3) with no widening."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -16,6 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from cadence.attention.triton_write_kv import write_kv_kernel  # noqa: E402
 from cadence.ops.fp8_rows import _quant_rows_kernel, launch_config  # noqa: E402
 from cadence.ops.gemv import _gemv_kernel  # noqa: E402
+from cadence.ops.moe_w8a8 import _w8a8_gemm_kernel  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -89,3 +93,25 @@ def test_the_fp8_row_quantizer_compiles_for_hopper(gated, k):
     constexprs = dict(GATED=gated, **config)
     compiled = compile_for_hopper(_quant_rows_kernel, constexprs, ptr_types=types, num_warps=warps)
     assert compiled.asm["cubin"]
+
+
+@pytest.mark.parametrize(
+    "gated, block_m, block_n", [(True, 16, 64), (False, 16, 64), (True, 64, 128)]
+)
+def test_the_w8a8_expert_gemms_use_fp8_tensor_cores(gated, block_m, block_n):
+    types = {
+        "a_ptr": "*fp8e4nv",
+        "w_ptr": "*fp8e4nv",
+        "a_scale_ptr": "*fp32",
+        "w_scale_ptr": "*fp32",
+        "sorted_pairs_ptr": "*i64",
+        "block_expert_ptr": "*i64",
+    }
+    constexprs = dict(
+        GATED=gated, ROUTE_SCALE=not gated, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=128,
+        PDL=True,
+    )  # fmt: skip
+    compiled = compile_for_hopper(_w8a8_gemm_kernel, constexprs, ptr_types=types)
+    ptx = compiled.asm["ptx"]
+    assert re.search(rf"wgmma\.mma_async\S*\.m64n{block_m}k32\.f32\.e4m3\.e4m3", ptx)
+    assert not re.search(r"cvt\.\S*e4m3", ptx)  # (no e4m3 widened on the way)

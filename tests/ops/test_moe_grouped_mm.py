@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 from interpreter_helpers import check_all_under_interpreter
+from moe_fp8_reference import fp8_reference, fp8_reference_16bit
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -86,35 +87,6 @@ def check_all(device: str) -> None:
     check_dispatch(device)
 
 
-def fp8_rows_dequantized(v: torch.Tensor) -> torch.Tensor:
-    """Rows of v (float32) after a round trip through e4m3, each row scaled to 448 (the
-    torch form of the row quantizer, which tests/ops/test_fp8_rows.py specifies)."""
-    from cadence.ops.fp8_rows import quantize_rows_torch
-
-    q, scale = quantize_rows_torch(v)
-    return q.float() * scale
-
-
-def fp8_reference(x, w13, s13, w2, s2, ids, weights, first_expert=0) -> torch.Tensor:
-    """W8A8 experts expert by expert in float32: the tokens and the activation quantized
-    per row, each GEMM's output rounded to bf16 (as the kernels round)."""
-    top_k = ids.shape[1]
-    flat = ids.flatten() - first_expert
-    tokens = torch.arange(x.shape[0], device=x.device).repeat_interleave(top_k)
-    xd = fp8_rows_dequantized(x.float())
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in range(w13.shape[0]):
-        pairs = (flat == e).nonzero().flatten()
-        if not len(pairs):
-            continue
-        h = (xd[tokens[pairs]] @ (w13[e].float() * s13[e][:, None]).t()).bfloat16()
-        gate, up = h.chunk(2, dim=1)
-        act = (torch.nn.functional.silu(gate) * up).float()
-        o = (fp8_rows_dequantized(act) @ (w2[e].float() * s2[e][:, None]).t()).bfloat16()
-        out.index_add_(0, tokens[pairs], o.float() * weights.flatten()[pairs, None].float())
-    return out.bfloat16()
-
-
 def check_fp8(device: str) -> None:
     """FP8 experts: the scaled grouped GEMM's result is the W8A8 math's, whole, in chunks,
     and on a rank holding half the experts; and close to the 16-bit activations' result."""
@@ -160,17 +132,6 @@ def check_fp8(device: str) -> None:
             x, q13[4:], q2[4:], ids, weights, 4, w13_scale=s13[4:], w2_scale=s2[4:]
         )
         torch.testing.assert_close(got, half, atol=near, rtol=0)
-
-
-def fp8_reference_16bit(x, w13, s13, w2, s2, ids, weights) -> torch.Tensor:
-    """The same experts with activations kept 16-bit (W8A16): the per-expert torch path on
-    the dequantized weights."""
-    from cadence.models.moe import FusedExperts
-
-    ref = FusedExperts(w13.shape[0], x.shape[1], w2.shape[2]).to(x.device, torch.float32)
-    ref.w13_weight.data = w13.float() * s13[:, :, None]
-    ref.w2_weight.data = w2.float() * s2[:, :, None]
-    return ref.forward_reference(x.float(), ids, weights.float()).bfloat16()
 
 
 def check_dispatch(device: str) -> None:

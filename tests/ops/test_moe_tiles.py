@@ -53,7 +53,7 @@ def test_the_kept_table_is_well_formed():
         for key, entries in table["shapes"].items():
             for batch, entry in entries.items():
                 assert int(batch) >= 1 and entry["BLOCK_M"] in (16, 32, 64, 128)
-                assert set(entry) <= {"BLOCK_M", "gated", "down", "pairs", "grouped_mm"}
+                assert set(entry) <= {"BLOCK_M", "gated", "down", "pairs", "grouped_mm", "w8a8"}
                 # torch's grouped GEMM (scaled, for FP8 experts) never takes a GEMV-sized step
                 assert entry.get("grouped_mm", True) is True
                 if entry.get("grouped_mm"):
@@ -64,6 +64,14 @@ def test_the_kept_table_is_well_formed():
                     assert entry[kind].get("GROUP_M", 1) >= 1
                     if "pairs" in entry:
                         assert set(entry["pairs"][kind]) == tile_keys
+                # the swapped W8A8 GEMMs: FP8 experts only, their own row block and tiles,
+                # weight columns 64+ a program (the FP8 MMA's M side)
+                if "w8a8" in entry:
+                    w8a8 = entry["w8a8"]
+                    assert key.startswith("fp8 ") and "pairs" not in entry
+                    assert w8a8["BLOCK_M"] in (16, 32, 64, 128)
+                    for kind in ("gated", "down"):
+                        assert set(w8a8[kind]) == tile_keys and w8a8[kind]["BLOCK_N"] >= 64
 
 
 def test_default_rows_blocks_grow_with_the_pairs_an_expert_gets():
