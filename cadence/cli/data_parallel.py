@@ -80,32 +80,38 @@ def placements(n: int, device: str, tp: int) -> list[dict]:
 
 
 def start_replicas(argv: list[str], n: int, device: str, tp: int) -> tuple[list, list[str]]:
+    """Start the n replica servers (each on a port bound here); if one cannot start, stop
+    those already started and raise."""
     from cadence.process import die_with_parent
 
     parent = os.getpid()
     procs, urls = [], []
-    for i, place in enumerate(placements(n, device, tp)):
-        # Bound here and inherited (listener.py): no moment when another process could
-        # take the replica's port and answer for it.
-        sock = bind_listener("127.0.0.1", 0)
-        port = sock.getsockname()[1]
-        cores = place["cores"]
+    try:
+        for i, place in enumerate(placements(n, device, tp)):
+            # Bound here and inherited (listener.py): no moment when another process could
+            # take the replica's port and answer for it.
+            sock = bind_listener("127.0.0.1", 0)
+            port = sock.getsockname()[1]
+            cores = place["cores"]
 
-        def setup(cores=cores) -> None:  # in the child, before exec
-            die_with_parent(parent)
-            if cores:
-                os.sched_setaffinity(0, cores)
+            def setup(cores=cores) -> None:  # in the child, before exec
+                die_with_parent(parent)
+                if cores:
+                    os.sched_setaffinity(0, cores)
 
-        cmd = [sys.executable, "-m", "cadence.cli.main", "serve", *argv]
-        cmd += ["--host", "127.0.0.1", "--port", str(port)]
-        where = place["env"].get("CUDA_VISIBLE_DEVICES") or f"cores {cores or 'all'}"
-        logger.info("replica %d on port %d (%s)", i, port, where)
-        env = {**os.environ, **place["env"], LISTEN_FD_ENV: str(sock.fileno())}
-        with sock:
-            procs.append(
-                subprocess.Popen(cmd, env=env, preexec_fn=setup, pass_fds=(sock.fileno(),))
-            )
-        urls.append(f"http://127.0.0.1:{port}")
+            cmd = [sys.executable, "-m", "cadence.cli.main", "serve", *argv]
+            cmd += ["--host", "127.0.0.1", "--port", str(port)]
+            where = place["env"].get("CUDA_VISIBLE_DEVICES") or f"cores {cores or 'all'}"
+            logger.info("replica %d on port %d (%s)", i, port, where)
+            env = {**os.environ, **place["env"], LISTEN_FD_ENV: str(sock.fileno())}
+            with sock:
+                procs.append(
+                    subprocess.Popen(cmd, env=env, preexec_fn=setup, pass_fds=(sock.fileno(),))
+                )
+            urls.append(f"http://127.0.0.1:{port}")
+    except BaseException:
+        stop_replicas(procs, timeout_s=5.0)  # (none left running behind a failed start)
+        raise
     return procs, urls
 
 
@@ -149,9 +155,13 @@ def run_data_parallel(
     argv = list(args.argv)
     argv = replica_argv(argv[argv.index("serve") + 1 :] if "serve" in argv else argv)
     tp = engine_kwargs.get("tensor_parallel_size", 1) or 1
-    procs, urls = start_replicas(
-        argv, args.data_parallel_size, engine_kwargs.get("device", "auto"), tp
-    )
+    try:
+        procs, urls = start_replicas(
+            argv, args.data_parallel_size, engine_kwargs.get("device", "auto"), tp
+        )
+    except (OSError, ValueError) as e:
+        logger.error("data parallel start-up failed: %s", e)
+        return 1
     try:
         wait_ready(procs, urls)
         tokenizer = load_router_tokenizer(
