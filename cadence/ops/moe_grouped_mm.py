@@ -21,10 +21,10 @@ through `torch._scaled_grouped_mm` (CUTLASS's FP8 grouped GEMM on Hopper), W8A8:
 rows are quantized per token before the gather (cadence/ops/fp8_rows.py), and the
 activation is quantized per row as it is computed (`silu_mul_quantize`, so the 16-bit
 activation never reaches memory); each GEMM scales its accumulator by the row's and the
-column's scales and rounds to bf16. Steps below the table's flagged sizes keep the Triton
-path's 16-bit activations (W8A16); a flagged step rounds the token rows and the activation
-to e4m3 as well (on the H200: every step of more than 128 tokens on Mixtral-8x7B, so its
-batch-256 decode steps too, and of more than 256 on Qwen3-30B-A3B).
+column's scales and rounds to bf16. The table flags, on the H200, every step of more than
+128 tokens on Mixtral-8x7B (so its batch-256 decode steps too) and of more than 256 on
+Qwen3-30B-A3B; the smaller steps take the Triton GEMMs (fused_moe.py: W8A8 too where the
+entry has "w8a8" tiles, else W8A16).
 
 Nothing waits on the host (the group ends stay on the device), so a step can be captured
 in a CUDA graph. Weights without biases or a clamped gate only (`usable`): GPT-OSS's keep

@@ -1,10 +1,12 @@
 """FP8 experts (`--quantization fp8` on a 16-bit checkpoint or dummy weights): each
 expert's rows quantized to e4m3 at load, a float32 scale per (expert, output row), as the
-dense layers' per-channel scheme (fp8.py). Decode-sized steps' grouped GEMMs widen the e4m3
-tiles to the activations' dtype in registers (W8A16, cadence/ops/fused_moe.py), so a step
-reads half the bytes of bf16 experts; the large steps the tile table marks take CUTLASS's
-scaled grouped GEMM with the activations quantized per row too (W8A8,
-cadence/ops/moe_grouped_mm.py).
+dense layers' per-channel scheme (fp8.py), so a step reads half the bytes of bf16 experts.
+Where the tile table gives a decode-sized step "w8a8" tiles (on the H200: Qwen3-30B-A3B's
+steps of 5-256 tokens, Mixtral-8x7B's of up to 128), the tokens and the activation are
+quantized per row and the swapped Triton GEMMs multiply in FP8 (W8A8,
+cadence/ops/moe_w8a8.py); the large steps it marks take CUTLASS's scaled grouped GEMM, W8A8
+as well (cadence/ops/moe_grouped_mm.py); other steps widen the e4m3 tiles to the
+activations' dtype in registers (W8A16, cadence/ops/fused_moe.py).
 """
 
 from __future__ import annotations
