@@ -13,8 +13,9 @@ carries the stats. A process that owns nothing in the step gets the stats alone,
 every STATS_EVERY_S (its engine view and gauges stay fresh without a message per step),
 except the lead process (index 0, which records the engine's counters for /metrics): it
 gets them in any step where a request finished, so a client that has its answer finds the
-engine's counters for it in /metrics. They are sent without waiting: a process that already left (its drain ended sooner than another's)
-must not stall the engine, and stats lost on the way are replaced by the next message.
+engine's counters for it in /metrics. Stats alone are sent without waiting: a process that
+already left (its drain ended sooner than another's) must not stall the engine, and stats
+lost on the way are replaced by the next message.
 """
 
 from __future__ import annotations
