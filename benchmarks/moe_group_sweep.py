@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-from moe_pairs_sweep import entry_for, graph_us
+from moe_pairs_sweep import by_batch, entry_for, graph_us, keep_entry
 from moe_tile_sweep import BATCHES, Case, expert_shape, format_table, table_sweep_args, time_us
 
 GROUPS = (1, 2, 4, 8, 16, 32, 64)
@@ -80,10 +80,9 @@ def sweep_shape(entries: dict, shape: tuple, fp8: bool, batches: list[int], key:
                 f"{best_us:.1f} us ({base / best_us:.2f}x) -> {tile.get('GROUP_M', 'default')}",
                 flush=True,
             )
-        if str(tokens) in entries or won:
-            entries[str(tokens)] = entry
+        keep_entry(entries, tokens, entry, won)
         del case
-    return dict(sorted(entries.items(), key=lambda p: int(p[0])))
+    return by_batch(entries)
 
 
 def main() -> None:

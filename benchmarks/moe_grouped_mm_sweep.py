@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from moe_pairs_sweep import entry_for, graph_us
+from moe_pairs_sweep import by_batch, entry_for, graph_us, keep_entry
 from moe_tile_sweep import Case, expert_shape, format_table, table_sweep_args, time_us
 
 MARGIN = 0.03
@@ -107,8 +107,7 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str, fp8: 
         won = replays and torch_us < triton_us * (1 - MARGIN)
         if won:
             entry["grouped_mm"] = True
-        if str(tokens) in entries or won:
-            entries[str(tokens)] = entry
+        keep_entry(entries, tokens, entry, won)
         print(
             f"{key} T={tokens}: triton {triton_us:.1f} us ({flops / triton_us / 1e6:.0f} "
             f"TFLOP/s, {how_t}), torch grouped_mm {torch_us:.1f} us ({flops / torch_us / 1e6:.0f}"
@@ -118,7 +117,7 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str, fp8: 
             flush=True,
         )
         del case
-    return dict(sorted(entries.items(), key=lambda p: int(p[0])))
+    return by_batch(entries)
 
 
 def main() -> None:

@@ -220,9 +220,21 @@ def plain_routing(model_dir: str) -> bool:
     )
 
 
+def keep_entry(entries: dict, tokens: int, entry: dict, won: bool) -> None:
+    """Write a swept entry back: under its own size if the table has that size or the sweep
+    changed what the step takes (else the size it was taken from keeps serving it)."""
+    if str(tokens) in entries or won:
+        entries[str(tokens)] = entry
+
+
+def by_batch(entries: dict) -> dict:
+    """The entries in order of their batch (the order moe_tiles reads them in)."""
+    return dict(sorted(entries.items(), key=lambda p: int(p[0])))
+
+
 def entry_for(entries: dict, tokens: int) -> dict:
     """The entry a step of `tokens` takes (moe_tiles.config's rule), as a copy."""
-    ordered = sorted(entries.items(), key=lambda p: int(p[0]))
+    ordered = list(by_batch(entries).items())
     return dict(next((e for b, e in ordered if int(b) >= tokens), ordered[-1][1]))
 
 
@@ -282,7 +294,7 @@ def main() -> None:
                 # (the entry a step of T takes becomes T's own, so a pick never moves
                 # to another size)
                 entries[str(tokens)] = entry
-                entries = dict(sorted(entries.items(), key=lambda p: int(p[0])))
+                entries = by_batch(entries)
                 table["shapes"][key] = entries
                 print(
                     f"{key} T={tokens}{' (routing included)' if case.routed else ''}: "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from moe_grouped_mm_sweep import timed
-from moe_pairs_sweep import entry_for
+from moe_pairs_sweep import by_batch, entry_for, keep_entry
 from moe_tile_sweep import Case, block_ms, expert_shape, format_table, table_sweep_args, time_us
 from triton.runtime.errors import OutOfResources
 
@@ -138,8 +138,7 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> di
         won = w8a8_us < w8a16_us * (1 - MARGIN)
         if won:
             entry["w8a8"] = tiles
-        if str(tokens) in entries or won:
-            entries[str(tokens)] = entry
+        keep_entry(entries, tokens, entry, won)
         gbps = case.weight_bytes_read() / 1e3  # (bytes / us / 1e3 = GB/s)
         print(
             f"{key} T={tokens}: W8A16 {w8a16_us:.1f} us ({gbps / w8a16_us:.0f} GB/s, {how_a}), "
@@ -149,7 +148,7 @@ def sweep_shape(entries: dict, shape: tuple, batches: list[int], key: str) -> di
             flush=True,
         )
         del case
-    return dict(sorted(entries.items(), key=lambda p: int(p[0])))
+    return by_batch(entries)
 
 
 def main() -> None:

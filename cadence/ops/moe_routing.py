@@ -274,6 +274,19 @@ PARALLEL_PAIRS = 1024
 SCATTER_CHUNK = 256  # pairs a counting or scattering program takes
 
 
+@triton.jit
+def block_rows(
+    block, sorted_pairs_ptr, num_pairs, top_k, GATED: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    """Row block `block` of align()'s layout, as a grouped GEMM reads it: (its sorted rows,
+    the pair each holds, which rows are real rather than padding, and the row of A each
+    multiplies: the pair's token for a gated GEMM, else the sorted row itself)."""
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_pairs_ptr + rows)
+    a_rows = pairs // top_k if GATED else rows
+    return rows, pairs, pairs < num_pairs, a_rows
+
+
 def max_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Rows every routing of num_pairs pairs fits in once each run is padded: at most
     min(E, pairs) experts get a pair, each padded by under a block."""

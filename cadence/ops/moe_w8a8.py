@@ -31,6 +31,7 @@ import triton.language as tl
 from cadence.ops import fp8_rows
 from cadence.ops.fused import gdc_wait, pdl
 from cadence.ops.moe_epilogue import gated_activation
+from cadence.ops.moe_routing import block_rows
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
@@ -68,10 +69,9 @@ def _w8a8_gemm_kernel(
     expert = tl.load(block_expert_ptr + block)
     if expert < 0:
         return
-    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.load(sorted_pairs_ptr + rows)
-    real = pairs < num_pairs
-    a_rows = pairs // top_k if GATED else rows  # gated: x by token; down: act by row
+    rows, pairs, real, a_rows = block_rows(
+        block, sorted_pairs_ptr, num_pairs, top_k, GATED, BLOCK_M
+    )
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
